@@ -1,0 +1,31 @@
+# The two commands a new machine needs: `make demo` and `make test`.
+# Both create or reuse .venv/ and install the whole stack first (seconds when
+# nothing changed).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ARGS ?=
+
+.PHONY: setup demo test test-fast test-slow bench lint
+
+setup:
+	@bash scripts/setup_env.sh
+
+demo: setup
+	$(VENV)/bin/mmrl train $(ARGS)
+
+# CI runs this: lint, the default tier, then the slow tier.
+test: setup lint
+	bash scripts/run_tests.sh default
+	bash scripts/run_tests.sh slow
+
+test-fast: setup
+	bash scripts/run_tests.sh default
+
+test-slow: setup
+	bash scripts/run_tests.sh slow
+
+bench: setup
+	bash scripts/run_tests.sh bench
+
+lint: setup
+	$(VENV)/bin/ruff check mmrl tests benchmarks

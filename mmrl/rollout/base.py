@@ -1,0 +1,94 @@
+"""The rollout interface every engine implements, and the engine registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from mmrl.protocol import Batch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one response per prompt row.
+
+    ``rollout_log_probs`` are the log-probs of the distribution actually sampled
+    from: logits divided by ``temperature`` and restricted by ``top_k``/``top_p``.
+    Greedy decoding reports the log-probs of the untempered distribution.
+    """
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    do_sample: bool = True
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    seed: int | None = None
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """Generate one response per row of ``prompts``.
+
+        ``prompts`` holds left-padded ``input_ids``, ``attention_mask`` and
+        ``position_ids`` [B, P]. The result adds ``responses`` [B, T] (right-padded),
+        ``response_mask`` [B, T] (1 up to and including EOS), ``rollout_log_probs``
+        [B, T], and extends ``input_ids``/``attention_mask``/``position_ids`` to
+        [B, P + T]. ``meta["num_clipped"]`` counts responses that hit
+        ``max_tokens`` without EOS; the per-sample flag is ``response_clipped`` [B].
+        """
+        ...
+
+
+ROLLOUT_ENGINES: dict[str, Callable[..., RolloutEngine]] = {}
+
+
+def register_rollout(name: str) -> Callable:
+    def wrap(cls: Callable[..., RolloutEngine]) -> Callable[..., RolloutEngine]:
+        ROLLOUT_ENGINES[name] = cls
+        return cls
+
+    return wrap
+
+
+def get_rollout(name: str) -> Callable[..., RolloutEngine]:
+    if name not in ROLLOUT_ENGINES:
+        raise ValueError(f"unknown rollout engine {name!r}; registered: {sorted(ROLLOUT_ENGINES)}")
+    return ROLLOUT_ENGINES[name]
+
+
+def finish_rollout(
+    prompts: Batch, responses: torch.Tensor, log_probs: torch.Tensor, eos_ids: set[int], pad_id: int
+) -> Batch:
+    """Mask everything after the first stop token and append responses to the prompts.
+
+    Args:
+        prompts: left-padded prompt batch, ``input_ids`` [B, P].
+        responses: sampled token ids [B, T], any content after the stop token.
+        log_probs: log-prob of each sampled token [B, T].
+    """
+    is_stop = torch.zeros_like(responses, dtype=torch.bool)
+    for eos in eos_ids:
+        is_stop |= responses == eos
+    # A step is valid while no stop token came strictly before it.
+    stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()
+    response_mask = (stops_before == 0).to(torch.float32)
+    responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, pad_id))
+    log_probs = log_probs * response_mask
+    clipped = ~is_stop.any(dim=1)
+
+    out = prompts.clone()
+    last_pos = prompts["position_ids"][:, -1:]
+    steps = torch.arange(1, responses.shape[1] + 1).unsqueeze(0)
+    out["input_ids"] = torch.cat([prompts["input_ids"], responses], dim=1)
+    out["attention_mask"] = torch.cat([prompts["attention_mask"], response_mask.long()], dim=1)
+    out["position_ids"] = torch.cat([prompts["position_ids"], last_pos + steps], dim=1)
+    out["responses"] = responses
+    out["response_mask"] = response_mask
+    out["rollout_log_probs"] = log_probs
+    out["response_clipped"] = clipped
+    out.meta["num_clipped"] = int(clipped.sum())
+    return out

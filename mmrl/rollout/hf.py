@@ -1,0 +1,62 @@
+"""Rollout with transformers ``generate``."""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+
+from mmrl.protocol import Batch
+from mmrl.rollout.base import SamplingParams, finish_rollout, register_rollout
+
+
+@register_rollout("hf")
+class HFRollout:
+    """Samples from a transformers causal LM with ``generate``.
+
+    The engine shares the actor's module, so it always samples from the current
+    weights and needs no weight sync.
+    """
+
+    def __init__(self, model: PreTrainedModel, eos_token_id: int, pad_token_id: int) -> None:
+        self.model = model
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+
+    @torch.no_grad()
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        stop_ids = {self.eos_token_id, *sampling.stop_token_ids}
+        config = GenerationConfig(
+            max_new_tokens=sampling.max_tokens,
+            min_new_tokens=0,
+            do_sample=sampling.do_sample,
+            temperature=sampling.temperature if sampling.do_sample else None,
+            top_p=sampling.top_p if sampling.do_sample else None,
+            top_k=sampling.top_k if sampling.do_sample else None,
+            eos_token_id=sorted(stop_ids),
+            pad_token_id=self.pad_token_id,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        was_training = self.model.training
+        self.model.eval()
+        with torch.random.fork_rng(devices=[]):
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            out = self.model.generate(
+                input_ids=prompts["input_ids"],
+                attention_mask=prompts["attention_mask"],
+                generation_config=config,
+            )
+        self.model.train(was_training)
+
+        prompt_len = prompts["input_ids"].shape[1]
+        responses = out.sequences[:, prompt_len:]
+        # `scores` are the processed logits actually sampled from (temperature,
+        # top-k and top-p applied), so their log-softmax is the sampling log-prob.
+        scores = torch.stack(out.scores, dim=1).float()
+        log_probs = torch.log_softmax(scores, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+        pad = sampling.max_tokens - responses.shape[1]
+        if pad > 0:  # every row stopped early: keep a fixed response width
+            responses = torch.nn.functional.pad(responses, (0, pad), value=self.pad_token_id)
+            log_probs = torch.nn.functional.pad(log_probs, (0, pad), value=0.0)
+        return finish_rollout(prompts, responses, log_probs, stop_ids, self.pad_token_id)

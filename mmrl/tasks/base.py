@@ -1,0 +1,78 @@
+"""What a task provides to the fit loop, and the task registry.
+
+A task names its prompts, ground truths, tokenizer, initial model and
+verifiers; the fit loop is the same for every task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from mmrl.trainer.sft import SFTConfig
+
+
+@dataclass
+class PromptDataset:
+    """Prompts with their ground truths and optional per-sample extra info."""
+
+    prompts: list[str]
+    ground_truth: list[Any]
+    extra_info: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.prompts) != len(self.ground_truth):
+            raise ValueError(
+                f"dataset has {len(self.prompts)} prompts but {len(self.ground_truth)} ground truths"
+            )
+        if not self.extra_info:
+            self.extra_info = [{} for _ in self.prompts]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+@dataclass
+class TaskData:
+    train: PromptDataset
+    val: PromptDataset
+
+
+TASKS: dict[str, type] = {}
+
+
+def register_task(name: str) -> Callable[[type], type]:
+    def wrap(cls: type) -> type:
+        TASKS[name] = cls
+        return cls
+
+    return wrap
+
+
+def get_task(name: str) -> type:
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; registered: {sorted(TASKS)}")
+    return TASKS[name]
+
+
+class Task:
+    """Interface of a task. Subclasses parse ``cfg.task`` into their own settings."""
+
+    name: str
+    sft_config: SFTConfig
+
+    def build_data(self, seed: int) -> TaskData:
+        raise NotImplementedError
+
+    def build_tokenizer(self) -> PreTrainedTokenizerBase:
+        raise NotImplementedError
+
+    def build_model(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+        raise NotImplementedError
+
+    def sft_pairs(self, data: TaskData) -> tuple[list[str], list[str]]:
+        """(prompt, target response) pairs for the warm-up before RL."""
+        raise NotImplementedError

@@ -1,0 +1,113 @@
+"""The policy side of a PPO step: per-token log-probs and the actor update.
+
+These functions take a plain ``nn.Module``; the worker decides how it is
+wrapped (in-process, FSDP) and where it runs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import torch
+from torch import nn
+
+from mmrl.protocol import Batch
+from mmrl.trainer import core_algos
+from mmrl.trainer.config import ActorConfig
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+
+
+def forward_response_log_probs(
+    model: nn.Module, batch: Batch, temperature: float, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [b, T] of ``batch["responses"]`` under ``model`` (and entropy [b, T]).
+
+    Logits are divided by ``temperature`` so they describe the same distribution
+    the rollout sampled from.
+    """
+    responses = batch["responses"]
+    logits = model(**{k: batch[k] for k in MODEL_INPUTS}, use_cache=False).logits
+    # The logit at position i predicts token i + 1: the last T+1..1 positions score the response.
+    logits = logits[:, -responses.shape[1] - 1 : -1].float() / temperature
+    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+    entropy = core_algos.entropy_from_logits(logits) if with_entropy else None
+    return log_probs, entropy
+
+
+@torch.no_grad()
+def compute_log_probs(model: nn.Module, batch: Batch, micro_batch_size: int, temperature: float) -> torch.Tensor:
+    """Log-probs [B, T] of the responses, computed in micro-batches without gradients."""
+    was_training = model.training
+    model.eval()
+    parts = [forward_response_log_probs(model, mb, temperature)[0] for mb in batch.split(micro_batch_size)]
+    model.train(was_training)
+    return torch.cat(parts, dim=0)
+
+
+def update_policy(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    cfg: ActorConfig,
+    mini_batch_size: int,
+    temperature: float,
+    seed: int,
+) -> dict[str, float]:
+    """PPO epochs over shuffled mini-batches, accumulating gradients over micro-batches.
+
+    ``batch`` needs ``old_log_probs``, ``advantages``, ``response_mask``, ``valid_mask``
+    and, with ``cfg.use_kl_loss``, ``ref_log_prob``. Returns averaged ``actor/*`` metrics.
+    """
+    loss_fn = core_algos.get_policy_loss(cfg.policy_loss)
+    loss_cfg = core_algos.PolicyLossConfig(
+        clip_ratio_low=cfg.clip_ratio_low,
+        clip_ratio_high=cfg.clip_ratio_high,
+        clip_ratio_c=cfg.clip_ratio_c,
+        loss_agg_mode=cfg.loss_agg_mode,
+    )
+    rng = np.random.default_rng(seed)
+    metrics: dict[str, list[float]] = defaultdict(list)
+    model.train()
+    for _ in range(cfg.ppo_epochs):
+        batch.reorder(torch.from_numpy(rng.permutation(len(batch))))
+        for mini in batch.split(mini_batch_size):
+            optimizer.zero_grad(set_to_none=True)
+            for micro in mini.split(cfg.ppo_micro_batch_size):
+                weight = len(micro) / len(mini)
+                for key, value in _micro_step(model, micro, cfg, loss_fn, loss_cfg, temperature, weight).items():
+                    metrics[key].append(value)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            if torch.isfinite(grad_norm):
+                optimizer.step()
+            else:  # one bad batch must not poison the weights
+                optimizer.zero_grad(set_to_none=True)
+                metrics["actor/skipped_steps"].append(1.0)
+            metrics["actor/grad_norm"].append(float(grad_norm))
+    metrics["actor/lr"].append(optimizer.param_groups[0]["lr"])
+    return {k: float(np.mean(v)) for k, v in metrics.items()}
+
+
+def _micro_step(model, micro, cfg, loss_fn, loss_cfg, temperature, weight) -> dict[str, float]:
+    mask, valid = micro["response_mask"], micro["valid_mask"]
+    log_prob, entropy = forward_response_log_probs(model, micro, temperature, with_entropy=True)
+    pg_loss, pg_metrics = loss_fn(
+        old_log_prob=micro["old_log_probs"],
+        log_prob=log_prob,
+        advantages=micro["advantages"],
+        response_mask=mask,
+        valid_mask=valid,
+        config=loss_cfg,
+    )
+    entropy_loss = core_algos.agg_loss(entropy, mask, cfg.loss_agg_mode, valid_mask=valid)
+    loss = pg_loss - cfg.entropy_coeff * entropy_loss
+    out = {"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy_loss.item()}
+    if cfg.use_kl_loss:
+        kl = core_algos.kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type)
+        kl_loss = core_algos.agg_loss(kl, mask, cfg.loss_agg_mode, valid_mask=valid)
+        loss = loss + cfg.kl_loss_coef * kl_loss
+        out.update({"actor/kl_loss": kl_loss.item(), "actor/kl_coef": cfg.kl_loss_coef})
+    (loss * weight).backward()
+    out.update({f"actor/{k}": float(v) for k, v in pg_metrics.items()})
+    return out

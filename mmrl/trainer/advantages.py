@@ -1,0 +1,387 @@
+"""Advantage estimators and the masked statistics they share.
+
+Shapes: ``B`` samples, ``T`` response steps. Every estimator is a pure function
+registered under its config name and called with the same keywords::
+
+    advantages [B, T], returns [B, T] = fn(
+        token_level_rewards=..., response_mask=..., index=..., config=...,
+        valid_mask=None, values=None, reward_baselines=None,
+    )
+
+Samples with ``valid_mask[i] == False`` (a verifier failed on them), and rows with
+no response step, are left out of group and batch statistics and get zero
+advantage and zero returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+AdvantageEstimator = Callable[..., tuple[Tensor, Tensor]]
+ADV_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+
+
+@dataclass
+class AdvantageConfig:
+    """Estimator settings.
+
+    gamma: discount per response step (GAE, REINFORCE++, ReMax).
+    lam: GAE lambda.
+    norm_adv_by_std_in_grpo: divide GRPO advantages by the group std; False gives Dr.GRPO.
+    epsilon: added to the group std before dividing.
+    """
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    epsilon: float = 1e-6
+
+
+def register_adv_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+    """Register an advantage estimator under the config name ``name``."""
+
+    def decorator(fn: AdvantageEstimator) -> AdvantageEstimator:
+        if name in ADV_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ADV_ESTIMATORS[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_adv_estimator(name: str) -> AdvantageEstimator:
+    """Return the estimator registered as ``name``; ValueError lists the known names."""
+    if name not in ADV_ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADV_ESTIMATORS)}")
+    return ADV_ESTIMATORS[name]
+
+
+# --------------------------------------------------------------------------- masked statistics
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``values`` where ``mask`` is 1.
+
+    values: [...] any shape.
+    mask: same shape as ``values``, 0/1 (bool or float).
+    dim: reduce over this dim, or over everything when None.
+    Returns the mean; 0 where nothing is unmasked. Masked entries never leak
+    (not even inf/NaN), because they are selected out before summing.
+    """
+    keep = mask.bool()
+    total = torch.where(keep, values, torch.zeros_like(values))
+    count = keep.to(values.dtype)
+    if dim is None:
+        return total.sum() / count.sum().clamp(min=1)
+    return total.sum(dim) / count.sum(dim).clamp(min=1)
+
+
+def masked_var(values: Tensor, mask: Tensor) -> Tensor:
+    """Unbiased variance (like ``torch.var``) of ``values`` [...] over ``mask`` [...] == 1.
+
+    Returns a scalar; 0 when fewer than two entries are unmasked.
+    """
+    keep = mask.bool()
+    mean = masked_mean(values, keep)
+    dev = torch.where(keep, values - mean, torch.zeros_like(values))
+    n = keep.sum()
+    return (dev**2).sum() / (n - 1).clamp(min=1)
+
+
+def masked_whiten(
+    values: Tensor, mask: Tensor, shift_mean: bool = True, epsilon: float = 1e-8
+) -> Tensor:
+    """Whiten ``values`` [...] with the mean and unbiased variance over ``mask`` [...] == 1.
+
+    Returns a tensor shaped like ``values``: ``(values - mean) / sqrt(var + epsilon)``
+    (the mean is added back when ``shift_mean`` is False) and 0 outside ``mask``.
+    """
+    keep = mask.bool()
+    mean = masked_mean(values, keep)
+    whitened = (values - mean) * torch.rsqrt(masked_var(values, keep) + epsilon)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(keep, whitened, torch.zeros_like(whitened))
+
+
+# --------------------------------------------------------------------------- group statistics
+
+
+def as_group_ids(
+    index: np.ndarray | Sequence | Tensor, device: torch.device | None = None
+) -> Tensor:
+    """Turn per-sample group labels into dense group ids.
+
+    index: [B] numpy array of uid strings (or any hashable labels), a list, or an int tensor.
+    Returns LongTensor [B] with values in ``[0, n_groups)``; equal labels get equal ids.
+    """
+    if isinstance(index, Tensor):
+        ids = torch.unique(index, return_inverse=True)[1]
+    else:
+        ids = torch.from_numpy(np.unique(np.asarray(index), return_inverse=True)[1].reshape(-1))
+    return ids.to(device=device, dtype=torch.long)
+
+
+class GroupStats(NamedTuple):
+    """Statistics of each sample's group over its valid members, all [B]."""
+
+    count: Tensor  # number of valid samples in the group
+    mean: Tensor
+    std: Tensor  # unbiased, like torch.std; 0 for groups with < 2 valid samples
+    varies: Tensor  # bool: the valid scores in the group are not all equal
+
+
+def group_stats(scores: Tensor, valid_mask: Tensor, group_ids: Tensor) -> GroupStats:
+    """Group statistics with ``index_add``/``scatter_reduce``, no per-sample loop.
+
+    scores: [B] float. valid_mask: [B] bool. group_ids: [B] long in ``[0, n_groups)``.
+    """
+    n_groups = int(group_ids.max()) + 1 if group_ids.numel() else 0
+    zeros = scores.new_zeros(n_groups)
+    weight = valid_mask.to(scores.dtype)
+    valid_scores = torch.where(valid_mask, scores, torch.zeros_like(scores))
+    count = zeros.index_add(0, group_ids, weight)
+    mean = zeros.index_add(0, group_ids, valid_scores) / count.clamp(min=1)
+    dev = torch.where(valid_mask, scores - mean[group_ids], torch.zeros_like(scores))
+    var = zeros.index_add(0, group_ids, dev**2) / (count - 1).clamp(min=1)
+    inf = torch.full_like(scores, float("inf"))
+    hi = zeros.scatter_reduce(
+        0, group_ids, torch.where(valid_mask, scores, -inf), "amax", include_self=False
+    )
+    lo = zeros.scatter_reduce(
+        0, group_ids, torch.where(valid_mask, scores, inf), "amin", include_self=False
+    )
+    varies = (hi > lo)[group_ids] & valid_mask
+    return GroupStats(count[group_ids], mean[group_ids], var.sqrt()[group_ids], varies)
+
+
+# --------------------------------------------------------------------------- shared pieces
+
+
+def _prepare(token_level_rewards: Tensor, response_mask: Tensor, valid_mask: Tensor | None):
+    """Return (float token mask [B, T] with invalid rows zeroed, bool valid [B]).
+
+    A row with no response step has no score, so it counts as invalid too.
+    """
+    batch = token_level_rewards.shape[0]
+    if valid_mask is None:
+        valid = torch.ones(batch, dtype=torch.bool, device=token_level_rewards.device)
+    else:
+        valid = valid_mask.to(device=token_level_rewards.device, dtype=torch.bool)
+        if valid.shape != (batch,):
+            raise ValueError(f"valid_mask must have shape [{batch}], found {tuple(valid.shape)}")
+    valid = valid & response_mask.bool().any(-1)
+    mask = response_mask.to(token_level_rewards.dtype) * valid[:, None]
+    return mask, valid
+
+
+def _outcome_scores(token_level_rewards: Tensor, mask: Tensor) -> Tensor:
+    """Sequence score [B]: the sum of token rewards over ``mask`` [B, T]."""
+    return (token_level_rewards * mask).sum(-1)
+
+
+def _require_groups(index, batch: int, device: torch.device, estimator: str) -> Tensor:
+    if index is None:
+        raise ValueError(f"advantage estimator {estimator!r} needs `index` (group uid per sample)")
+    ids = as_group_ids(index, device)
+    if ids.shape != (batch,):
+        raise ValueError(f"`index` must hold {batch} group ids, found shape {tuple(ids.shape)}")
+    return ids
+
+
+def discounted_returns(token_level_rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """Return-to-go ``G_t = r_t + gamma * G_{t+1}``, restarted after every masked step.
+
+    token_level_rewards: [B, T]. mask: [B, T] 0/1. Returns [B, T], 0 outside ``mask``.
+    """
+    rewards = token_level_rewards * mask
+    returns = torch.zeros_like(rewards)
+    running = rewards.new_zeros(rewards.shape[0])
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * mask[:, t]
+    return returns * mask
+
+
+# --------------------------------------------------------------------------- estimators
+
+
+@register_adv_estimator("grpo")
+def compute_grpo_advantage(
+    *,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray | Tensor | None,
+    config: AdvantageConfig | None = None,
+    valid_mask: Tensor | None = None,
+    values: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """GRPO: ``(score - group mean) / (group std + eps)``, one value per sample.
+
+    token_level_rewards: [B, T] rewards; the sequence score is their sum over the response.
+    response_mask: [B, T] 1 on valid response steps.
+    index: [B] group uid per sample (numpy array of strings or int tensor).
+    config: uses ``norm_adv_by_std_in_grpo`` (False: ``score - mean``, Dr.GRPO) and ``epsilon``.
+    valid_mask: [B] bool; invalid samples are left out of the group statistics.
+    Returns (advantages [B, T], returns [B, T]), equal, broadcast over the response.
+    Groups with fewer than two valid samples, or whose valid scores are all equal, get 0.
+    """
+    config = config or AdvantageConfig()
+    mask, valid = _prepare(token_level_rewards, response_mask, valid_mask)
+    groups = _require_groups(index, mask.shape[0], mask.device, "grpo")
+    scores = _outcome_scores(token_level_rewards, mask)
+    stats = group_stats(scores, valid, groups)
+    centered = scores - stats.mean
+    if config.norm_adv_by_std_in_grpo:
+        centered = centered / (stats.std + config.epsilon)
+    adv = torch.where(stats.varies, centered, torch.zeros_like(centered))[:, None] * mask
+    return adv, adv
+
+
+@register_adv_estimator("rloo")
+def compute_rloo_advantage(
+    *,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray | Tensor | None,
+    config: AdvantageConfig | None = None,
+    valid_mask: Tensor | None = None,
+    values: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """RLOO: score minus the mean score of the other valid samples in the group.
+
+    token_level_rewards: [B, T]. response_mask: [B, T]. index: [B] group uid.
+    valid_mask: [B] bool; invalid samples are not counted among "the others".
+    Returns (advantages [B, T], returns [B, T]), equal; 0 for groups with < 2 valid samples.
+    """
+    mask, valid = _prepare(token_level_rewards, response_mask, valid_mask)
+    groups = _require_groups(index, mask.shape[0], mask.device, "rloo")
+    scores = _outcome_scores(token_level_rewards, mask)
+    stats = group_stats(scores, valid, groups)
+    # s - (sum - s) / (n - 1) == (s - mean) * n / (n - 1)
+    loo = (scores - stats.mean) * stats.count / (stats.count - 1).clamp(min=1)
+    adv = torch.where(stats.varies, loo, torch.zeros_like(loo))[:, None] * mask
+    return adv, adv
+
+
+@register_adv_estimator("gae")
+def compute_gae_advantage(
+    *,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray | Tensor | None = None,
+    config: AdvantageConfig | None = None,
+    valid_mask: Tensor | None = None,
+    values: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """GAE(gamma, lambda) per token, then whitened over the valid tokens of valid samples.
+
+    token_level_rewards: [B, T]. response_mask: [B, T]. values: [B, T] critic values V(s_t).
+    config: uses ``gamma`` and ``lam``. valid_mask: [B] bool.
+    Masked steps are skipped: the recursion carries V and the running advantage across them.
+    Returns (advantages [B, T] whitened, returns [B, T] = raw advantages + values).
+    """
+    if values is None:
+        raise ValueError("advantage estimator 'gae' needs `values` [B, T] from the critic")
+    config = config or AdvantageConfig()
+    mask, _ = _prepare(token_level_rewards, response_mask, valid_mask)
+    gamma, lam = config.gamma, config.lam
+    next_value = values.new_zeros(values.shape[0])
+    last_gae = values.new_zeros(values.shape[0])
+    adv = torch.zeros_like(values)
+    for t in reversed(range(values.shape[1])):
+        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        gae_t = delta + gamma * lam * last_gae
+        m = mask[:, t]
+        next_value = m * values[:, t] + (1 - m) * next_value
+        last_gae = m * gae_t + (1 - m) * last_gae
+        adv[:, t] = last_gae
+    returns = (adv + values) * mask
+    return masked_whiten(adv, mask), returns
+
+
+@register_adv_estimator("reinforce_plus_plus")
+def compute_reinforce_plus_plus_advantage(
+    *,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray | Tensor | None = None,
+    config: AdvantageConfig | None = None,
+    valid_mask: Tensor | None = None,
+    values: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++: discounted return-to-go, whitened over the valid tokens of valid samples.
+
+    token_level_rewards: [B, T]. response_mask: [B, T]. config: uses ``gamma``. valid_mask: [B].
+    Returns (advantages [B, T] whitened, returns [B, T] return-to-go).
+    """
+    config = config or AdvantageConfig()
+    mask, _ = _prepare(token_level_rewards, response_mask, valid_mask)
+    returns = discounted_returns(token_level_rewards, mask, config.gamma)
+    return masked_whiten(returns, mask), returns
+
+
+@register_adv_estimator("reinforce_plus_plus_baseline")
+def compute_reinforce_plus_plus_baseline_advantage(
+    *,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray | Tensor | None,
+    config: AdvantageConfig | None = None,
+    valid_mask: Tensor | None = None,
+    values: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ with a group baseline: score minus group mean, broadcast, then batch-whitened.
+
+    token_level_rewards: [B, T]. response_mask: [B, T]. index: [B] group uid. valid_mask: [B].
+    Returns (advantages [B, T], returns [B, T]), equal. A one-sample group centres to 0.
+    """
+    mask, valid = _prepare(token_level_rewards, response_mask, valid_mask)
+    groups = _require_groups(index, mask.shape[0], mask.device, "reinforce_plus_plus_baseline")
+    scores = _outcome_scores(token_level_rewards, mask)
+    stats = group_stats(scores, valid, groups)
+    centered = torch.where(stats.varies, scores - stats.mean, torch.zeros_like(scores))
+    adv = masked_whiten(centered[:, None] * mask, mask)
+    return adv, adv
+
+
+@register_adv_estimator("remax")
+def compute_remax_advantage(
+    *,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray | Tensor | None = None,
+    config: AdvantageConfig | None = None,
+    valid_mask: Tensor | None = None,
+    values: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """ReMax: return-to-go minus the greedy sample's score.
+
+    token_level_rewards: [B, T]. response_mask: [B, T]. config: uses ``gamma``.
+    reward_baselines: [B] score of the greedy (argmax) response to the same prompt.
+    valid_mask: [B]. Returns (advantages [B, T], returns [B, T] return-to-go).
+    """
+    if reward_baselines is None:
+        raise ValueError("advantage estimator 'remax' needs `reward_baselines` [B] (greedy scores)")
+    config = config or AdvantageConfig()
+    mask, _ = _prepare(token_level_rewards, response_mask, valid_mask)
+    if reward_baselines.shape != (mask.shape[0],):
+        raise ValueError(
+            f"reward_baselines must have shape [{mask.shape[0]}], found {tuple(reward_baselines.shape)}"
+        )
+    returns = discounted_returns(token_level_rewards, mask, config.gamma)
+    adv = returns - reward_baselines.to(returns)[:, None] * mask
+    return adv, returns

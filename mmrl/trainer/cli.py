@@ -1,0 +1,41 @@
+"""The ``mmrl`` command line: ``mmrl train [hydra overrides...]``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from mmrl.trainer.config import load_config
+
+
+def train(overrides: list[str]) -> int:
+    from mmrl.trainer.fit import fit
+
+    cfg = load_config(overrides)
+    result = fit(cfg)
+    val = result.series("val/score/mean")
+    print(f"\nrun finished: {result.output_dir}")
+    if val:
+        print(f"  held-out score: {val[0]:.3f} before RL -> {val[-1]:.3f} after {cfg.trainer.total_steps} steps")
+    print(f"  metrics:        {result.output_dir / 'metrics.jsonl'}")
+    print(f"  trained actor:  {result.output_dir / 'actor'} (save_pretrained)")
+    print(f"  wall time:      {result.wall_time_s:.1f} s")
+    print(f"  peak memory:    {result.peak_memory_gib:.2f} GiB")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mmrl", description="RLVR for multimodal models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_train = sub.add_parser("train", help="RL training; trailing arguments are Hydra overrides")
+    p_train.add_argument("overrides", nargs="*", help="e.g. algorithm.adv_estimator=rloo")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "train":
+        return train(args.overrides)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

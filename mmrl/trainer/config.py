@@ -1,0 +1,176 @@
+"""Typed run configuration.
+
+Hydra composes YAML from ``configs/``; :func:`load_config` validates it once
+against these dataclasses (unknown keys and wrong types are errors) and the
+rest of the code only sees typed objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+
+@dataclass
+class DataConfig:
+    train_batch_size: int = 16
+    val_batch_size: int = 64
+    max_prompt_length: int = 16
+    max_response_length: int = 8
+    filter_overlong_prompts: bool = False
+    shuffle: bool = True
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = None
+    dtype: str = "float32"
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    ppo_mini_batch_size: int = 8
+    ppo_micro_batch_size: int = 64
+    ppo_epochs: int = 1
+    policy_loss: str = "vanilla"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    clip_ratio_c: float | None = 3.0
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = True
+    kl_loss_coef: float = 0.01
+    kl_loss_type: str = "low_var_kl"
+    grad_clip: float = 1.0
+
+
+@dataclass
+class ValKwargs:
+    n: int = 1
+    temperature: float = 1.0
+    do_sample: bool = True
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "hf"
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    do_sample: bool = True
+    log_prob_micro_batch_size: int = 128
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size: int = 128
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+
+
+@dataclass
+class CriticConfig:
+    lr: float = 1e-3
+    ppo_micro_batch_size: int = 64
+    ppo_epochs: int = 1
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    grad_clip: float = 1.0
+
+
+@dataclass
+class VerifierSpec:
+    name: str = "exact_answer"
+    weight: float = 1.0
+
+
+@dataclass
+class RewardConfig:
+    verifiers: list[VerifierSpec] = field(default_factory=lambda: [VerifierSpec()])
+    overlong_reward: str = "zero"
+
+
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: int = 10000
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "k1"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+
+
+@dataclass
+class TrainerConfig:
+    seed: int = 0
+    total_steps: int = 60
+    test_freq: int = 10
+    save_freq: int = 0
+    val_before_train: bool = True
+    output_dir: str = "outputs/run"
+    experiment_name: str = "run"
+    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    progress_bar: bool = True
+
+
+@dataclass
+class RunConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    # Task-specific settings; the task named here parses them into its own type.
+    task: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.trainer.output_dir)
+
+
+def config_dir() -> Path:
+    """The ``configs/`` folder at the repository root."""
+    return Path(__file__).resolve().parents[2] / "configs"
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "train") -> DictConfig:
+    """Compose the Hydra config with command-line style ``overrides``."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+        return hydra_compose(config_name=config_name, overrides=list(overrides or []))
+
+
+def load_config(overrides: list[str] | None = None) -> RunConfig:
+    """Compose, validate against :class:`RunConfig`, and return the typed config."""
+    raw = compose(overrides)
+    OmegaConf.resolve(raw)
+    schema = OmegaConf.structured(RunConfig)
+    merged = OmegaConf.merge(schema, raw)
+    return OmegaConf.to_object(merged)

