@@ -7,6 +7,7 @@ the same class in actors, so there is one actor code path.
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 
 import torch
@@ -47,7 +48,13 @@ class ActorRolloutRefWorker:
             self.model.parameters(), lr=arr.actor.lr, weight_decay=arr.actor.weight_decay
         )
         engine_cls = get_rollout(arr.rollout.name)
-        self.rollout = engine_cls(self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
+        self.rollout = engine_cls(
+            model=self.model,
+            tokenizer=self.tokenizer,
+            model_path=str(model_path),
+            cfg=arr.rollout,
+            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+        )
 
     def generate_sequences(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         return self.rollout.generate(prompts, sampling)
@@ -67,8 +74,9 @@ class ActorRolloutRefWorker:
         )
 
     def update_actor(self, batch: Batch, seed: int) -> dict[str, float]:
+        """One PPO update, then the new weights go into the rollout engine."""
         arr = self.cfg.actor_rollout_ref
-        return actor_fns.update_policy(
+        metrics = actor_fns.update_policy(
             self.model,
             self.optimizer,
             batch,
@@ -77,6 +85,10 @@ class ActorRolloutRefWorker:
             temperature=arr.rollout.temperature,
             seed=seed,
         )
+        start = time.perf_counter()
+        self.rollout.sync_weights(self.model)
+        metrics["timing_s/update_weights"] = time.perf_counter() - start
+        return metrics
 
     def save_pretrained(self, path: str | Path) -> Path:
         """Write the actor as a directory that transformers (and vLLM) can load."""

@@ -30,6 +30,15 @@ class SamplingParams:
 
 
 class RolloutEngine(Protocol):
+    """A generation backend. Engines are built as
+    ``engine_cls(model=actor_module, tokenizer=tokenizer, model_path=path, cfg=RolloutConfig,
+    max_model_len=prompt + response length)`` and may ignore what they do not need.
+    """
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Load the actor's current weights into the engine (after each update)."""
+        ...
+
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """Generate one response per row of ``prompts``.
 

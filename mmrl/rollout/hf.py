@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams, finish_rollout, register_rollout
@@ -17,10 +17,13 @@ class HFRollout:
     weights and needs no weight sync.
     """
 
-    def __init__(self, model: PreTrainedModel, eos_token_id: int, pad_token_id: int) -> None:
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, **_: object) -> None:
         self.model = model
-        self.eos_token_id = eos_token_id
-        self.pad_token_id = pad_token_id
+        self.eos_token_id = int(tokenizer.eos_token_id)
+        self.pad_token_id = int(tokenizer.pad_token_id)
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Nothing to do: generation runs on the actor's own module."""
 
     @torch.no_grad()
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
