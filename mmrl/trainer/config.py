@@ -66,6 +66,13 @@ class RolloutConfig:
     do_sample: bool = True
     log_prob_micro_batch_size: int = 128
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    # vLLM engine settings (rollout.name=vllm); the hf engine ignores them.
+    dtype: str = "auto"  # auto: the actor's dtype
+    kv_cache_memory_gib: float | None = 1.0  # None: size the KV cache by gpu_memory_utilization
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 256
 
 
 @dataclass

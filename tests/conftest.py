@@ -1,0 +1,95 @@
+"""Session-wide fixtures: expensive things are built once per test session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Two cores here: more threads only add contention.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def run_overrides(output_dir: Path, *extra: str) -> list[str]:
+    """Overrides for a quiet, short text GRPO run writing to ``output_dir``."""
+    return [
+        f"trainer.output_dir={output_dir}",
+        "trainer.progress_bar=false",
+        "trainer.loggers=[jsonl]",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="session")
+def warm_model_dir(tmp_path_factory) -> Path:
+    """A tiny addition model after the default SFT warm-up, saved with save_pretrained."""
+    from mmrl.tasks import get_task
+    from mmrl.trainer.config import load_config
+    from mmrl.trainer.fit import prepare_initial_model
+
+    out = tmp_path_factory.mktemp("warm")
+    cfg = load_config(run_overrides(out))
+    path, _ = prepare_initial_model(cfg, get_task("text_addition")(cfg.task))
+    return path
+
+
+# --- vLLM rollout: tiny Qwen2 models and one engine per model, built once -------------
+
+
+def save_tiny_qwen2(path: Path, tied: bool, seed: int = 0) -> Path:
+    """Save a random 2-layer Qwen2 (hidden 64, head_dim 64) and the char tokenizer to ``path``.
+
+    head_dim 64 because the vLLM CPU attention kernel refuses small heads (16).
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from mmrl.tasks.text_addition import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        tie_word_embeddings=tied,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    torch.manual_seed(seed)
+    Qwen2ForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_dirs(tmp_path_factory) -> dict[str, Path]:
+    """``{"untied": dir, "tied": dir}``: tiny Qwen2 models with and without tied embeddings."""
+    return {kind: save_tiny_qwen2(tmp_path_factory.mktemp(kind), tied=kind == "tied") for kind in ("untied", "tied")}
+
+
+@pytest.fixture(scope="session")
+def vllm_rollouts(tiny_lm_dirs):
+    """``{kind: (actor, tokenizer, engine)}``: an fp32 HF actor and the vLLM engine serving it.
+
+    Tests that change the actor's weights must call ``engine.sync_weights(actor)``.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mmrl.rollout.vllm import VLLMRollout
+    from mmrl.trainer.config import RolloutConfig
+
+    cfg = RolloutConfig(name="vllm", dtype="float32", kv_cache_memory_gib=0.125)
+    out = {}
+    for kind, path in tiny_lm_dirs.items():
+        actor = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        engine = VLLMRollout(model=actor, tokenizer=tokenizer, model_path=str(path), cfg=cfg, max_model_len=64)
+        out[kind] = (actor, tokenizer, engine)
+    return out
