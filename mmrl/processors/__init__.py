@@ -1,5 +1,23 @@
 """Modality processors: raw samples to model inputs, and responses back to media."""
 
 from mmrl.processors.text import PromptTooLongError, TextProcessor
+from mmrl.processors.vision import VisionProcessor, VisionProcessorConfig, VisionSample, chat_prompt
+from mmrl.processors.vision_inputs import (
+    VisionTokenMismatchError,
+    collate_multi_modal,
+    extend_position_ids,
+    split_multi_modal,
+)
 
-__all__ = ["PromptTooLongError", "TextProcessor"]
+__all__ = [
+    "PromptTooLongError",
+    "TextProcessor",
+    "VisionProcessor",
+    "VisionProcessorConfig",
+    "VisionSample",
+    "VisionTokenMismatchError",
+    "chat_prompt",
+    "collate_multi_modal",
+    "extend_position_ids",
+    "split_multi_modal",
+]

@@ -27,6 +27,10 @@ class SamplingParams:
     do_sample: bool = True
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     seed: int | None = None
+    # Constrained generation (e.g. visual tokens only). None allows the whole vocabulary.
+    allowed_token_ids: tuple[int, ...] | None = None
+    # Responses of a fixed length (a frame is always tokens_per_frame tokens): no stop before this.
+    min_tokens: int = 0
 
 
 class RolloutEngine(Protocol):

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams, finish_rollout, register_rollout
@@ -30,7 +36,7 @@ class HFRollout:
         stop_ids = {self.eos_token_id, *sampling.stop_token_ids}
         config = GenerationConfig(
             max_new_tokens=sampling.max_tokens,
-            min_new_tokens=0,
+            min_new_tokens=sampling.min_tokens,
             do_sample=sampling.do_sample,
             temperature=sampling.temperature if sampling.do_sample else None,
             top_p=sampling.top_p if sampling.do_sample else None,
@@ -49,6 +55,7 @@ class HFRollout:
                 input_ids=prompts["input_ids"],
                 attention_mask=prompts["attention_mask"],
                 generation_config=config,
+                logits_processor=self._constraints(sampling),
             )
         self.model.train(was_training)
 
@@ -63,3 +70,21 @@ class HFRollout:
             responses = torch.nn.functional.pad(responses, (0, pad), value=self.pad_token_id)
             log_probs = torch.nn.functional.pad(log_probs, (0, pad), value=0.0)
         return finish_rollout(prompts, responses, log_probs, stop_ids, self.pad_token_id)
+
+    def _constraints(self, sampling: SamplingParams) -> LogitsProcessorList:
+        if sampling.allowed_token_ids is None:
+            return LogitsProcessorList()
+        allowed = set(sampling.allowed_token_ids) | set(sampling.stop_token_ids) | {self.eos_token_id}
+        return LogitsProcessorList([AllowedTokensProcessor(sorted(allowed))])
+
+
+class AllowedTokensProcessor(LogitsProcessor):
+    """Sets every logit outside ``allowed_token_ids`` to -inf, before temperature and top-k/p."""
+
+    def __init__(self, allowed_token_ids: list[int]) -> None:
+        self.allowed = torch.tensor(allowed_token_ids, dtype=torch.long)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        masked = torch.full_like(scores, float("-inf"))
+        masked[:, self.allowed] = scores[:, self.allowed]
+        return masked

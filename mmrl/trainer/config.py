@@ -100,14 +100,24 @@ class CriticConfig:
 
 @dataclass
 class VerifierSpec:
+    """One ``reward.verifiers`` entry; see mmrl/verifiers and docs/verifiers.md."""
+
+    # A registered name, an entry point in group mmrl.verifiers, module:function or file.py:function.
     name: str = "exact_answer"
     weight: float = 1.0
+    alias: str | None = None  # metric name (reward/<alias>/...); default: the verifier's name
+    mode: str | None = None  # batch | process; None: what the verifier declares (batch by default)
+    timeout_s: float | None = None  # per worker call in process mode; None: reward.timeout_s
+    chunk_size: int | None = None  # samples per worker call in process mode
+    kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the verifier function
 
 
 @dataclass
 class RewardConfig:
     verifiers: list[VerifierSpec] = field(default_factory=lambda: [VerifierSpec()])
     overlong_reward: str = "zero"
+    num_workers: int | None = None  # worker processes for process-mode verifiers; None: CPU count (<= 8)
+    timeout_s: float = 60.0  # default per-call timeout of process-mode verifiers
 
 
 @dataclass

@@ -9,6 +9,7 @@ import json
 import logging
 import time
 import warnings
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from mmrl.trainer.sft import sft_train
 from mmrl.trainer.tracking import Tracker
 from mmrl.utils.seed import set_seed
 from mmrl.utils.timing import peak_rss_gib, timer
-from mmrl.verifiers import score_batch
+from mmrl.verifiers import VerifierOutput, VerifierRunner
 
 log = logging.getLogger(__name__)
 GROUP_ESTIMATORS = {"grpo", "rloo", "reinforce_plus_plus_baseline"}
@@ -106,10 +107,15 @@ def encode_dataset(processor: TextProcessor, dataset, split: str) -> Batch:
     )
 
 
-def score(batch: Batch, processor: TextProcessor, cfg: RunConfig) -> tuple[Batch, dict[str, float]]:
-    """Decode responses, run the verifiers, place each score on its last valid step."""
-    batch["response_text"] = np.asarray(processor.decode_responses(batch["responses"], batch["response_mask"]), dtype=object)
-    out = score_batch(batch, [(v.name, v.weight) for v in cfg.reward.verifiers])
+def decode(batch: Batch, processor: TextProcessor) -> Batch:
+    """Add the decoded responses (``response_text``) that verifiers read."""
+    texts = processor.decode_responses(batch["responses"], batch["response_mask"])
+    batch["response_text"] = np.asarray(texts, dtype=object)
+    return batch
+
+
+def apply_scores(batch: Batch, out: VerifierOutput, cfg: RunConfig) -> tuple[Batch, dict[str, float]]:
+    """Place each sample's score on its last valid step (``token_level_scores`` [B, T])."""
     scores = torch.as_tensor(out.scores, dtype=torch.float32)
     if cfg.reward.overlong_reward == "zero":
         scores = torch.where(batch["response_clipped"], torch.zeros_like(scores), scores)
@@ -122,6 +128,14 @@ def score(batch: Batch, processor: TextProcessor, cfg: RunConfig) -> tuple[Batch
     batch["token_level_scores"] = token_scores * mask
     batch["valid_mask"] = torch.as_tensor(out.valid)
     return batch, {k: float(np.mean(v)) for k, v in out.metrics.items()}
+
+
+def score(
+    batch: Batch, processor: TextProcessor, cfg: RunConfig, runner: VerifierRunner
+) -> tuple[Batch, dict[str, float]]:
+    """Decode responses, run the verifiers, place each score on its last valid step."""
+    batch = decode(batch, processor)
+    return apply_scores(batch, runner.run(batch), cfg)
 
 
 def sampling_params(cfg: RunConfig, seed: int, validate: bool = False) -> SamplingParams:
@@ -138,7 +152,7 @@ def sampling_params(cfg: RunConfig, seed: int, validate: bool = False) -> Sampli
 
 def rl_step(
     cfg: RunConfig, step: int, prompts: Batch, worker: ActorRolloutRefWorker, critic: CriticWorker | None,
-    processor: TextProcessor, kl_ctrl,
+    processor: TextProcessor, kl_ctrl, runner: VerifierRunner,
 ) -> dict[str, float]:
     algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
     metrics: dict[str, float] = {}
@@ -147,17 +161,19 @@ def rl_step(
     with timer("step", metrics):
         with timer("gen", metrics):
             batch = worker.generate_sequences(prompts.repeat(n, interleave=True), sampling_params(cfg, step_seed))
-        with timer("reward", metrics):
-            batch, reward_metrics = score(batch, processor, cfg)
-            metrics.update(reward_metrics)
+        with timer("reward", metrics):  # verifiers run in the background during old log-probs
+            pending = runner.submit(decode(batch, processor))
         baselines = None
         if algo.adv_estimator == "remax":
             with timer("gen_max", metrics):
                 greedy = worker.generate_sequences(prompts, SamplingParams(max_tokens=cfg.data.max_response_length, do_sample=False))
-                greedy, _ = score(greedy, processor, cfg)
+                greedy, _ = score(greedy, processor, cfg, runner)
                 baselines = greedy["token_level_scores"].sum(-1).repeat_interleave(n)
         with timer("old_log_prob", metrics):
             batch["old_log_probs"] = worker.compute_log_prob(batch)
+        with timer("reward", metrics):  # adds only the verifier time not hidden above
+            batch, reward_metrics = apply_scores(batch, pending.result(), cfg)
+            metrics.update(reward_metrics)
         if worker.ref_model is not None:
             with timer("ref", metrics):
                 batch["ref_log_prob"] = worker.compute_ref_log_prob(batch)
@@ -194,13 +210,16 @@ def rl_step(
     return metrics
 
 
-def validate(cfg: RunConfig, val_prompts: Batch, worker: ActorRolloutRefWorker, processor: TextProcessor) -> dict[str, float]:
+def validate(
+    cfg: RunConfig, val_prompts: Batch, worker: ActorRolloutRefWorker, processor: TextProcessor,
+    runner: VerifierRunner,
+) -> dict[str, float]:
     """Score held-out prompts with ``rollout.val_kwargs`` sampling."""
     vk = cfg.actor_rollout_ref.rollout.val_kwargs
     scores, metrics_sum = [], {}
     for i, chunk in enumerate(val_prompts.split(cfg.data.val_batch_size)):
         out = worker.generate_sequences(chunk.repeat(vk.n), sampling_params(cfg, cfg.trainer.seed + 7919 * i, validate=True))
-        out, m = score(out, processor, cfg)
+        out, m = score(out, processor, cfg, runner)
         scores.append(out["token_level_scores"].sum(-1))
         for k, v in m.items():
             metrics_sum[k] = metrics_sum.get(k, 0.0) + v * len(out)
@@ -242,21 +261,23 @@ def fit(cfg: RunConfig) -> RunResult:
     tracker = Tracker(cfg.output_dir, cfg.trainer.loggers)
     init_metrics["data/filtered_prompts"] = train_prompts.meta["num_filtered_prompts"]
 
-    if cfg.trainer.val_before_train:
-        tracker.log({**init_metrics, **validate(cfg, val_prompts, worker, processor)}, step=0)
-    bar = tqdm(range(1, cfg.trainer.total_steps + 1), desc="rl", disable=not cfg.trainer.progress_bar)
-    for step in bar:
-        metrics = rl_step(cfg, step, loader.next(), worker, critic, processor, kl_ctrl)
-        last = step == cfg.trainer.total_steps
-        if cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or last):
-            with timer("testing", metrics):
-                metrics.update(validate(cfg, val_prompts, worker, processor))
-        if cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0 and not last:
-            worker.save_pretrained(cfg.output_dir / f"global_step_{step}" / "actor")
-        tracker.log(metrics, step)
-        bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
+    runner = VerifierRunner.from_config(cfg.reward)
+    with closing(runner):  # stops verifier worker processes however the run ends
+        if cfg.trainer.val_before_train:
+            tracker.log({**init_metrics, **validate(cfg, val_prompts, worker, processor, runner)}, step=0)
+        bar = tqdm(range(1, cfg.trainer.total_steps + 1), desc="rl", disable=not cfg.trainer.progress_bar)
+        for step in bar:
+            metrics = rl_step(cfg, step, loader.next(), worker, critic, processor, kl_ctrl, runner)
+            last = step == cfg.trainer.total_steps
+            if cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or last):
+                with timer("testing", metrics):
+                    metrics.update(validate(cfg, val_prompts, worker, processor, runner))
+            if cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0 and not last:
+                worker.save_pretrained(cfg.output_dir / f"global_step_{step}" / "actor")
+            tracker.log(metrics, step)
+            bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
 
-    worker.save_pretrained(cfg.output_dir / "actor")
+        worker.save_pretrained(cfg.output_dir / "actor")
     result = RunResult(cfg.output_dir, tracker.history, time.perf_counter() - start, peak_rss_gib())
     summary = {"wall_time_s": result.wall_time_s, "peak_memory_gib": result.peak_memory_gib,
                "final_actor": str(cfg.output_dir / "actor")}

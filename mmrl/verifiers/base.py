@@ -1,20 +1,27 @@
-"""The Verifier protocol and its registry.
+"""The Verifier protocol, its registry, and how a verifier asks to be run.
 
-A verifier takes a :class:`~mmrl.protocol.Batch` of decoded responses (for text,
-the non-tensor field ``response_text``; other modalities add decoded frames)
-together with ``ground_truth`` and ``extra_info``, and returns one score per
-sample plus a per-sample valid flag. An invalid sample's score is not trusted:
-the algorithm core leaves it out of group statistics and of the loss.
+A verifier is a function ``fn(batch: Batch, **kwargs) -> VerifierOutput | sequence of floats``
+over a :class:`~mmrl.protocol.Batch` of B decoded samples. What it may read:
+
+- ``response_text``: non-tensor [B] str, the decoded text response.
+- ``pred_frames`` / ``gt_frames``: tensors [B, F, H, W, 3], channel-last RGB, either
+  uint8 in [0, 255] or float in [0, 1] (see :mod:`mmrl.verifiers.frames`).
+- ``ground_truth``: non-tensor [B], ``extra_info``: non-tensor [B] dicts, ``uid``: [B].
+
+It returns one score per sample, plus a per-sample valid flag and extra metrics.
+An invalid sample's score is not trusted: the algorithm core leaves it out of
+group statistics and of the loss (``valid_mask``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from mmrl.protocol import Batch
+MODES = ("batch", "process")
 
 
 @dataclass
@@ -32,63 +39,136 @@ class VerifierOutput:
     metrics: dict[str, np.ndarray | float] = field(default_factory=dict)
 
 
-VerifierFn = Callable[[Batch], "VerifierOutput | np.ndarray | list[float]"]
+@dataclass(frozen=True)
+class RunOptions:
+    """How the runner calls a verifier; a config's ``VerifierSpec`` can override each field.
+
+    Attributes:
+        mode: ``"batch"`` runs one vectorised call on the whole batch in the trainer's
+            process (tensor metrics on the batch's device). ``"process"`` runs calls in
+            worker processes (Ray actors when Ray is initialised), in parallel and with a
+            timeout: for slow, CPU-bound or hang-prone Python code.
+        timeout_s: per worker call, in seconds (process mode; None: the runner's default).
+        chunk_size: samples per worker call (process mode).
+    """
+
+    mode: str = "batch"
+    timeout_s: float | None = None
+    chunk_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"verifier mode {self.mode!r} is not one of {MODES}")
+        if self.chunk_size < 1:
+            raise ValueError(f"verifier chunk_size must be >= 1, found {self.chunk_size}")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ValueError(f"verifier timeout_s must be > 0 or None, found {self.timeout_s}")
+
+
+class VerifierOutputError(ValueError):
+    """A verifier broke its contract (wrong number of scores, wrong type): a bug, never a sample's fault."""
+
+
+VerifierFn = Callable[..., "VerifierOutput | np.ndarray | Sequence[float]"]
 VERIFIERS: dict[str, VerifierFn] = {}
+_OPTIONS_ATTR = "__mmrl_run_options__"
 
 
-def register_verifier(name: str) -> Callable[[VerifierFn], VerifierFn]:
-    """Register a verifier under the name that ``reward.verifiers`` uses."""
+def verifier(
+    mode: str = "batch", timeout_s: float | None = None, chunk_size: int = 1
+) -> Callable[[VerifierFn], VerifierFn]:
+    """Declare how a verifier should be run, without registering it (for plugins).
+
+    >>> @verifier(mode="process", timeout_s=5.0)
+    ... def slow_check(batch): ...
+    """
+    options = RunOptions(mode, timeout_s, chunk_size)
 
     def wrap(fn: VerifierFn) -> VerifierFn:
-        if name in VERIFIERS:
-            raise ValueError(f"verifier {name!r} is already registered")
-        VERIFIERS[name] = fn
+        setattr(fn, _OPTIONS_ATTR, options)
+        return fn
+
+    return wrap
+
+
+def run_options(fn: Any) -> RunOptions:
+    """The options a verifier declared with :func:`verifier`, else the defaults (batch mode)."""
+    target = getattr(fn, "func", fn)  # functools.partial keeps the options of its function
+    return getattr(target, _OPTIONS_ATTR, RunOptions())
+
+
+def register_verifier(
+    name: str, mode: str = "batch", timeout_s: float | None = None, chunk_size: int = 1
+) -> Callable[[VerifierFn], VerifierFn]:
+    """Register a verifier under the name that ``reward.verifiers`` uses, with its run options."""
+
+    def wrap(fn: VerifierFn) -> VerifierFn:
+        if name in VERIFIERS and VERIFIERS[name] is not fn:
+            raise ValueError(f"verifier {name!r} is already registered (by {VERIFIERS[name]!r})")
+        VERIFIERS[name] = verifier(mode, timeout_s, chunk_size)(fn)
         return fn
 
     return wrap
 
 
 def get_verifier(name: str) -> VerifierFn:
-    if name not in VERIFIERS:
-        raise ValueError(f"unknown verifier {name!r}; registered: {sorted(VERIFIERS)}")
-    return VERIFIERS[name]
+    """The verifier registered, installed as an entry point, or importable under ``name``."""
+    from mmrl.verifiers.plugins import resolve
+
+    return resolve(name)
 
 
-def as_output(name: str, result: VerifierOutput | np.ndarray | list[float], n: int) -> VerifierOutput:
-    """Normalise a verifier's return value and check it holds one score per sample.
+def check_output(name: str, result: Any, n: int) -> tuple[VerifierOutput, np.ndarray]:
+    """Normalise a verifier's return value; also return which samples had a NaN/inf score.
 
-    A plain sequence of scores is accepted; non-finite scores mark the sample invalid.
+    Returns ``(output, nonfinite [B] bool)``. In ``output`` a non-finite score is 0 and
+    its sample invalid. Raises VerifierOutputError unless there is exactly one score per sample.
     """
-    if not isinstance(result, VerifierOutput):
-        result = VerifierOutput(scores=np.asarray(result, dtype=np.float64), valid=np.ones(n, bool))
-    scores = np.asarray(result.scores, dtype=np.float64).reshape(-1)
-    valid = np.asarray(result.valid, dtype=bool).reshape(-1)
+    if isinstance(result, VerifierOutput):
+        scores, valid, metrics = result.scores, result.valid, dict(result.metrics)
+    else:
+        scores, valid, metrics = result, np.ones(n, dtype=bool), {}
+    try:
+        scores = np.asarray(_to_numpy(scores), dtype=np.float64).reshape(-1)
+        valid = np.asarray(_to_numpy(valid), dtype=bool).reshape(-1)
+    except (TypeError, ValueError) as err:
+        raise VerifierOutputError(
+            f"verifier {name!r} returned {type(result).__name__}, expected a VerifierOutput "
+            f"or a sequence of {n} floats: {err}"
+        ) from err
     if scores.shape[0] != n or valid.shape[0] != n:
-        raise ValueError(
+        raise VerifierOutputError(
             f"verifier {name!r} returned {scores.shape[0]} scores and {valid.shape[0]} valid "
             f"flags for a batch of {n} samples; it must return exactly one per sample"
         )
-    valid = valid & np.isfinite(scores)
-    scores = np.where(valid, scores, 0.0)
-    return VerifierOutput(scores=scores, valid=valid, metrics=dict(result.metrics))
+    nonfinite = valid & ~np.isfinite(scores)
+    valid = valid & ~nonfinite
+    out = VerifierOutput(np.where(valid, scores, 0.0), valid, metrics)
+    return out, nonfinite
 
 
-def score_batch(batch: Batch, verifiers: list[tuple[str, float]]) -> VerifierOutput:
-    """Run each named verifier and combine them as a weighted sum.
+def as_output(name: str, result: Any, n: int) -> VerifierOutput:
+    """Normalise a verifier's return value; non-finite scores mark the sample invalid."""
+    return check_output(name, result, n)[0]
 
-    A sample is valid only if every verifier scored it. Per-verifier scores are
-    reported as ``reward/<name>/mean`` metrics.
-    """
-    n = len(batch)
-    total = np.zeros(n)
-    valid = np.ones(n, dtype=bool)
-    metrics: dict[str, np.ndarray | float] = {}
-    for name, weight in verifiers:
-        out = as_output(name, get_verifier(name)(batch), n)
-        total += weight * out.scores
-        valid &= out.valid
-        metrics[f"reward/{name}/mean"] = float(out.scores[out.valid].mean()) if out.valid.any() else 0.0
-        for key, value in out.metrics.items():
-            metrics[f"reward/{name}/{key}"] = value
-    metrics["reward/invalid_rate"] = float(1.0 - valid.mean()) if n else 0.0
-    return VerifierOutput(scores=np.where(valid, total, 0.0), valid=valid, metrics=metrics)
+
+def _to_numpy(x: Any) -> Any:
+    if hasattr(x, "detach"):  # a torch tensor, possibly on an accelerator
+        return x.detach().float().cpu().numpy() if x.is_floating_point() else x.cpu().numpy()
+    return x
+
+
+__all__ = [
+    "MODES",
+    "VERIFIERS",
+    "RunOptions",
+    "VerifierFn",
+    "VerifierOutput",
+    "VerifierOutputError",
+    "as_output",
+    "check_output",
+    "get_verifier",
+    "register_verifier",
+    "run_options",
+    "verifier",
+]

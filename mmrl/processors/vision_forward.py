@@ -1,0 +1,164 @@
+"""Model calls on VLM batches: logits and response log-probs for training, and HF generation.
+
+Batches follow the layout of :mod:`mmrl.processors.vision`: ``input_ids`` and
+``attention_mask`` [B, L], mrope ``position_ids`` [B, 3, L] and non-tensor
+``multi_modal_inputs``. Visual inputs are collated per call, so any row slice of a Batch
+(a micro-batch) is a valid input.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mmrl.processors.vision_inputs import (
+    MODEL_VISUAL_KEYS,
+    check_vision_tokens,
+    collate_multi_modal,
+    extend_position_ids,
+    mm_token_type_ids,
+)
+from mmrl.protocol import Batch
+from mmrl.rollout.base import SamplingParams, finish_rollout
+from mmrl.trainer import core_algos
+
+
+def _vision_ids(model: nn.Module) -> tuple[int, int, int]:
+    config = model.config
+    return int(config.image_token_id), int(config.video_token_id), int(config.vision_config.spatial_merge_size)
+
+
+def suppressed_token_ids(model: nn.Module) -> list[int]:
+    """Vision tokens a response must not contain: placeholders, vision start and end.
+
+    A sampled ``<|image_pad|>`` would be taken for an image placeholder when the response
+    is fed back for log-probs ("image features and image tokens do not match"). Rollouts
+    never sample these ids, and :func:`vlm_response_log_probs` gives them zero probability,
+    so rollout and training describe the same distribution.
+    """
+    config = model.config
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return sorted({int(getattr(config, n)) for n in names if getattr(config, n, None) is not None})
+
+
+def check_responses(model: nn.Module, batch: Batch) -> None:
+    """Raise if a (valid) response token of ``batch`` is one of :func:`suppressed_token_ids`."""
+    responses = batch["responses"]
+    sampled = torch.isin(responses, torch.tensor(suppressed_token_ids(model), device=responses.device))
+    if "response_mask" in batch:
+        sampled &= batch["response_mask"].bool()
+    if sampled.any():
+        row, col = (int(x) for x in sampled.nonzero()[0])
+        raise ValueError(
+            f"sample {row}: response token {col} is the vision token id {int(responses[row, col])}; "
+            "the rollout must never sample suppressed_token_ids(model) (pass them to the engine "
+            "as suppressed/bad tokens)"
+        )
+
+
+def visual_model_inputs(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+    """Checked, collated visual inputs of ``batch`` for the model's forward, on its device.
+
+    Raises :class:`~mmrl.processors.vision_inputs.VisionTokenMismatchError` (naming the row
+    of ``batch``) before any model call when tokens and features disagree.
+    """
+    image_id, video_id, merge = _vision_ids(model)
+    if "responses" in batch:
+        check_responses(model, batch)
+    rows = list(batch["multi_modal_inputs"]) if "multi_modal_inputs" in batch else [None] * len(batch)
+    check_vision_tokens(batch["input_ids"], rows, image_id, video_id, merge)
+    collated = collate_multi_modal(rows)
+    device = batch["input_ids"].device
+    return {k: collated[k].to(device) for k in MODEL_VISUAL_KEYS if k in collated}
+
+
+def vlm_forward_logits(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Logits [b, L, V] of a Qwen-VL style model on ``batch`` (any row slice of a VLM Batch).
+
+    ``position_ids`` [b, 3, L] are passed as the model's [3, b, L], so the model never
+    recomputes them from padded inputs.
+    """
+    position_ids = batch["position_ids"]
+    if position_ids.ndim != 3:
+        raise ValueError(f"VLM position_ids must be [B, 3, L], found {list(position_ids.shape)}")
+    return model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=position_ids.transpose(0, 1),
+        use_cache=False,
+        **visual_model_inputs(model, batch),
+    ).logits
+
+
+def vlm_response_log_probs(
+    model: nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [b, T] of ``batch["responses"]`` (and entropy [b, T]), logits divided by ``temperature``."""
+    responses = batch["responses"]
+    logits = vlm_forward_logits(model, batch)
+    # The logit at position i predicts token i + 1: the last T+1..1 positions score the response.
+    logits = logits[:, -responses.shape[1] - 1 : -1].float() / temperature
+    # As in the rollout; the finite minimum keeps the entropy's p * z term at 0, not NaN.
+    logits[..., suppressed_token_ids(model)] = torch.finfo(logits.dtype).min
+    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+    entropy = core_algos.entropy_from_logits(logits) if with_entropy else None
+    return log_probs, entropy
+
+
+@torch.no_grad()
+def generate_vlm(
+    model: nn.Module, prompts: Batch, sampling: SamplingParams, eos_token_id: int, pad_token_id: int
+) -> Batch:
+    """One response per row with transformers ``generate``; the rollout fields of ``RolloutEngine``.
+
+    Adds ``responses``, ``response_mask``, ``rollout_log_probs`` [B, T] and extends
+    ``input_ids``/``attention_mask`` to [B, P + T] and ``position_ids`` to [B, 3, P + T].
+    ``multi_modal_inputs`` of the result are the same objects as the prompts' (not copied).
+    """
+    image_id, video_id, _ = _vision_ids(model)
+    stop_ids = {eos_token_id, *sampling.stop_token_ids}
+    visual = visual_model_inputs(model, prompts)
+    was_training = model.training
+    model.eval()
+    with torch.random.fork_rng(devices=[]):
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        # generate recomputes mrope positions with the same get_rope_index from these token types.
+        out = model.generate(
+            input_ids=prompts["input_ids"],
+            attention_mask=prompts["attention_mask"],
+            mm_token_type_ids=mm_token_type_ids(prompts["input_ids"], image_id, video_id),
+            **visual,
+            max_new_tokens=sampling.max_tokens,
+            do_sample=sampling.do_sample,
+            temperature=sampling.temperature if sampling.do_sample else None,
+            top_p=sampling.top_p if sampling.do_sample else None,
+            top_k=sampling.top_k if sampling.do_sample else None,
+            eos_token_id=sorted(stop_ids),
+            pad_token_id=pad_token_id,
+            suppress_tokens=suppressed_token_ids(model),
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    model.train(was_training)
+    prompt_len = prompts["input_ids"].shape[1]
+    responses = out.sequences[:, prompt_len:]
+    # `scores` are the processed logits actually sampled from, so their log-softmax is the sampling log-prob.
+    scores = torch.stack(out.scores, dim=1).float()
+    log_probs = torch.log_softmax(scores, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+    pad = sampling.max_tokens - responses.shape[1]
+    if pad > 0:  # every row stopped early: keep a fixed response width
+        responses = torch.nn.functional.pad(responses, (0, pad), value=pad_token_id)
+        log_probs = torch.nn.functional.pad(log_probs, (0, pad), value=0.0)
+
+    # finish_rollout handles 1-D positions and deep-copies non-tensor fields; give it a view
+    # without the mrope positions and the (large) visual inputs, then put both back.
+    text_keys = [k for k in prompts.keys() if k != "position_ids"]  # noqa: SIM118 (iterating a Batch yields rows)
+    text_view = prompts.select(tensor_keys=text_keys, non_tensor_keys=[])
+    text_view["position_ids"] = torch.zeros_like(prompts["attention_mask"])
+    rollout = finish_rollout(text_view, responses, log_probs, stop_ids, pad_token_id)
+    rollout.pop(tensor_keys=["position_ids"])
+    rollout["position_ids"] = extend_position_ids(prompts["position_ids"], responses.shape[1])
+    for key, values in prompts.non_tensor.items():
+        rollout[key] = values
+    return rollout

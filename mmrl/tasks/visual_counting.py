@@ -1,0 +1,132 @@
+"""A procedural visual-reasoning task: count the shapes of one colour in a rendered image.
+
+Each image is drawn on a grid of cells (one shape per cell, jittered), so the answer is
+exact and nothing is downloaded. The prompt asks for ``<think>...</think><answer>N</answer>``;
+the ground truth is N as a string. The model is a tiny Qwen2-VL built from config
+(:mod:`mmrl.processors.tiny_vlm`).
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import OmegaConf
+from PIL import Image, ImageDraw
+from transformers import PreTrainedTokenizerBase, ProcessorMixin, Qwen2VLForConditionalGeneration
+
+from mmrl.data import VisionPromptDataset
+from mmrl.processors.tiny_vlm import build_tiny_qwen2_vl_processor, tiny_qwen2_vl_config
+from mmrl.processors.vision import VisionSample
+from mmrl.tasks.base import Task, TaskData, register_task
+from mmrl.trainer.sft import SFTConfig
+
+COLORS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
+SHAPES = ("circle", "square", "triangle")
+
+
+@dataclass
+class VisualCountingConfig:
+    name: str = "visual_counting"
+    image_size: int = 112  # pixels per side; 112 -> 8x8 patches of 14 -> 16 vision tokens
+    grid: int = 4  # cells per side; at most grid**2 shapes
+    min_count: int = 1  # shapes of the asked colour
+    max_count: int = 5
+    max_distractors: int = 4  # shapes of other colours
+    colors: list[str] = field(default_factory=lambda: ["red", "green", "blue"])
+    train_size: int = 2000
+    val_size: int = 128
+    question: str = "How many {color} shapes are there?"
+    instruction: str = " Think in <think></think>, then answer in <answer></answer>."
+    model: dict[str, Any] = field(default_factory=dict)  # text-decoder overrides of tiny_qwen2_vl_config
+    vision: dict[str, Any] = field(default_factory=dict)  # vision-tower overrides
+    sft: SFTConfig = field(default_factory=SFTConfig)
+
+
+def render_shapes(rng: random.Random, cfg: VisualCountingConfig, color: str, count: int) -> Image.Image:
+    """An RGB image with ``count`` shapes of ``color`` and up to ``max_distractors`` others."""
+    others = [c for c in cfg.colors if c != color]
+    n_distractors = rng.randint(0, min(cfg.max_distractors, cfg.grid**2 - count)) if others else 0
+    fills = [color] * count + [rng.choice(others) for _ in range(n_distractors)]
+    cells = rng.sample(range(cfg.grid**2), len(fills))
+    cell = cfg.image_size / cfg.grid
+    image = Image.new("RGB", (cfg.image_size, cfg.image_size), (245, 245, 245))
+    draw = ImageDraw.Draw(image)
+    for fill, c in zip(fills, cells, strict=True):
+        size = rng.uniform(0.45, 0.7) * cell
+        # A 2 px margin inside the cell keeps shapes in neighbouring cells apart.
+        x0 = (c % cfg.grid) * cell + 2 + rng.uniform(0, cell - size - 4)
+        y0 = (c // cfg.grid) * cell + 2 + rng.uniform(0, cell - size - 4)
+        box = (x0, y0, x0 + size, y0 + size)
+        shape = rng.choice(SHAPES)
+        if shape == "circle":
+            draw.ellipse(box, fill=COLORS[fill])
+        elif shape == "square":
+            draw.rectangle(box, fill=COLORS[fill])
+        else:
+            draw.polygon([(x0 + size / 2, y0), (x0, y0 + size), (x0 + size, y0 + size)], fill=COLORS[fill])
+    return image
+
+
+def make_counting_dataset(cfg: VisualCountingConfig, n: int, seed: int) -> VisionPromptDataset:
+    """``n`` problems; images are PNG bytes, as in the parquet layout."""
+    if not 1 <= cfg.min_count <= cfg.max_count <= cfg.grid**2:
+        raise ValueError(f"need 1 <= min_count <= max_count <= grid**2, found {cfg.min_count}, {cfg.max_count}, {cfg.grid}")
+    rng = random.Random(seed)
+    problems, answers, images, extra = [], [], [], []
+    for _ in range(n):
+        color, count = rng.choice(cfg.colors), rng.randint(cfg.min_count, cfg.max_count)
+        buf = io.BytesIO()
+        render_shapes(rng, cfg, color, count).save(buf, format="PNG")
+        problems.append("<image>" + cfg.question.format(color=color))
+        answers.append(str(count))
+        images.append([buf.getvalue()])
+        extra.append({"color": color})
+    return VisionPromptDataset(problems, answers, images, extra_info=extra)
+
+
+def counting_target(count: str, color: str) -> str:
+    """The SFT target for one problem, in the format the verifiers check."""
+    return f"<think>I count the {color} shapes: {count}.</think><answer>{count}</answer>"
+
+
+@register_task("visual_counting")
+class VisualCountingTask(Task):
+    """Interface beyond :class:`Task`: ``build_processor`` and ``samples``."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg: VisualCountingConfig = OmegaConf.to_object(
+            OmegaConf.merge(OmegaConf.structured(VisualCountingConfig), cfg)
+        )
+        self.name = self.cfg.name
+        self.sft_config = self.cfg.sft
+
+    def build_data(self, seed: int) -> TaskData:
+        """Train and held-out sets from different seeds (images are random, so they do not repeat)."""
+        return TaskData(
+            train=make_counting_dataset(self.cfg, self.cfg.train_size, seed),
+            val=make_counting_dataset(self.cfg, self.cfg.val_size, seed + 10_000),
+        )
+
+    def build_processor(self) -> ProcessorMixin:
+        """The HF processor; images are resized to exactly ``image_size`` squared pixels."""
+        area = self.cfg.image_size**2
+        return build_tiny_qwen2_vl_processor(min_pixels=area, max_pixels=area)
+
+    def build_tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.build_processor().tokenizer
+
+    def build_model(self, tokenizer: PreTrainedTokenizerBase) -> Qwen2VLForConditionalGeneration:
+        return Qwen2VLForConditionalGeneration(tiny_qwen2_vl_config(tokenizer, self.cfg.model, self.cfg.vision))
+
+    def samples(self, dataset: VisionPromptDataset, processor: ProcessorMixin, split: str) -> list[VisionSample]:
+        """Chat-template samples with the answer-format instruction; cache keys ``<split>/<row>``."""
+        return dataset.samples(processor, suffix=self.cfg.instruction, key_prefix=split)
+
+    def sft_pairs(self, data: TaskData) -> tuple[list[str], list[str]]:
+        """(problem, target) pairs; the problems hold ``<image>``, so VLM SFT pairs them with ``data.train.images``."""
+        targets = [counting_target(a, info["color"])
+                   for a, info in zip(data.train.ground_truth, data.train.extra_info, strict=True)]
+        return data.train.problems, targets
