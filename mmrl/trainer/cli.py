@@ -25,15 +25,28 @@ def train(overrides: list[str]) -> int:
     return 0
 
 
+def pretrain_worldmodel(overrides: list[str]) -> int:
+    from mmrl.worldmodel.pretrain import main as pretrain_main
+
+    return pretrain_main(overrides)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mmrl", description="RLVR for multimodal models.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="RL training; trailing arguments are Hydra overrides")
     p_train.add_argument("overrides", nargs="*", help="e.g. algorithm.adv_estimator=rloo")
+    p_wm = sub.add_parser(
+        "pretrain-worldmodel",
+        help="MLE pretraining of the token world model; trailing arguments are Hydra overrides",
+    )
+    p_wm.add_argument("overrides", nargs="*", help="e.g. data.env=push train.steps=1500")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train":
         return train(args.overrides)
+    if args.command == "pretrain-worldmodel":
+        return pretrain_worldmodel(args.overrides)
     return 2
 
 

@@ -1,0 +1,173 @@
+"""The latent world-model policy: a Gaussian head over the next frame's latent.
+
+One policy step is one predicted latent frame: given K context latents
+``[K, C, h, w]`` (from :class:`~mmrl.worldmodel.latent_ae.LatentAutoencoder`) and
+the K actions up to the predicted frame, the policy outputs a diagonal Gaussian
+``N(mean, exp(log_std)^2)`` over the next latent ``[C, h, w]``. Its log-density is
+exact and summed over all ``C*h*w`` dimensions, so GRPO/PPO ratios apply to it as to
+a token. Pretraining is maximum likelihood (:func:`pretrain_latent_policy`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from tqdm.auto import tqdm
+
+from mmrl.worldmodel.data import TrajectoryDataset
+from mmrl.worldmodel.latent_ae import LatentAutoencoder
+
+WEIGHTS_FILE, CONFIG_FILE = "latent_policy.safetensors", "latent_policy.json"
+
+
+@dataclass
+class LatentPolicyConfig:
+    """Architecture: a small conv net; ``context`` frames and their ``context`` actions in."""
+
+    latent_channels: int = 4
+    latent_size: int = 8
+    context: int = 2
+    action_dim: int = 2
+    hidden: int = 64
+    min_log_std: float = -4.0
+    max_log_std: float = 1.0
+
+
+class GaussianLatentPolicy(nn.Module):
+    """``p(z[K] | z[0:K], a[0:K]) = N(mean, diag(std^2))`` with ``mean`` a residual on ``z[K-1]``."""
+
+    def __init__(self, cfg: LatentPolicyConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        c, k = cfg.latent_channels, cfg.context
+        self.action_embed = nn.Linear(k * cfg.action_dim, cfg.hidden)
+        self.inp = nn.Conv2d(k * c, cfg.hidden, 3, padding=1)
+        self.body = nn.Sequential(
+            nn.SiLU(), nn.Conv2d(cfg.hidden, cfg.hidden, 3, padding=1),
+            nn.SiLU(), nn.Conv2d(cfg.hidden, cfg.hidden, 3, padding=1), nn.SiLU(),
+        )  # fmt: skip
+        self.out = nn.Conv2d(cfg.hidden, 2 * c, 3, padding=1)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(
+        self, context: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``context [B, K, C, h, w]``, ``actions [B, K, A]`` -> ``mean``, ``log_std`` ``[B, C, h, w]``."""
+        b, k, c, h, w = context.shape
+        if k != self.cfg.context or actions.shape[1:] != (k, self.cfg.action_dim):
+            raise ValueError(
+                f"expected context [B, {self.cfg.context}, C, h, w] and actions [B, {self.cfg.context}, "
+                f"{self.cfg.action_dim}], found {list(context.shape)} and {list(actions.shape)}"
+            )
+        x = (
+            self.inp(context.reshape(b, k * c, h, w))
+            + self.action_embed(actions.reshape(b, -1))[:, :, None, None]
+        )
+        delta, raw_log_std = self.out(self.body(x)).chunk(2, dim=1)
+        log_std = self.cfg.min_log_std + (
+            self.cfg.max_log_std - self.cfg.min_log_std
+        ) * torch.sigmoid(raw_log_std)
+        return context[:, -1] + delta, log_std
+
+    def log_prob(
+        self, context: torch.Tensor, actions: torch.Tensor, target: torch.Tensor
+    ) -> torch.Tensor:
+        """Exact log-density of ``target [B, C, h, w]``, summed over its dims: ``[B]``."""
+        mean, log_std = self(context, actions)
+        return gaussian_log_prob(target, mean, log_std)
+
+    @torch.no_grad()
+    def sample(
+        self,
+        context: torch.Tensor,
+        actions: torch.Tensor,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A next latent ``[B, C, h, w]`` (the mean if ``greedy``) and its log-density ``[B]``."""
+        mean, log_std = self(context, actions)
+        noise = torch.zeros_like(mean) if greedy else torch.randn(mean.shape, generator=generator)
+        z = mean + noise * log_std.exp()
+        return z, gaussian_log_prob(z, mean, log_std)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        save_file(
+            {k: v.contiguous() for k, v in self.state_dict().items()}, str(path / WEIGHTS_FILE)
+        )
+        (path / CONFIG_FILE).write_text(json.dumps(asdict(self.cfg), indent=1))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> GaussianLatentPolicy:
+        path = Path(path)
+        policy = cls(LatentPolicyConfig(**json.loads((path / CONFIG_FILE).read_text())))
+        policy.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
+        return policy
+
+
+def gaussian_log_prob(z: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """``sum_d log N(z_d; mean_d, exp(log_std_d)^2)`` over all dims but the first: ``[B]``."""
+    per_dim = -0.5 * ((z - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+    return per_dim.flatten(1).sum(1)
+
+
+def latent_windows(
+    dataset_dir: str | Path, ae: LatentAutoencoder, context: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """All windows: ``context [M, K, C, h, w]``, ``actions [M, K, A]``, ``target [M, C, h, w]``."""
+    data = TrajectoryDataset(dataset_dir)
+    frames, actions = data.all_frames(), torch.from_numpy(data.all_actions())
+    n, t = frames.shape[:2]
+    z = ae.encode(frames.reshape(-1, *frames.shape[2:])).reshape(n, t, *ae.latent_shape)
+    starts = [(i, s) for i in range(n) for s in range(t - context)]
+    ctx = torch.stack([z[i, s : s + context] for i, s in starts])
+    act = torch.stack([actions[i, s : s + context] for i, s in starts])
+    target = torch.stack([z[i, s + context] for i, s in starts])
+    return ctx, act, target
+
+
+def pretrain_latent_policy(
+    policy: GaussianLatentPolicy,
+    train: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    val: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    steps: int = 500,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    val_every: int = 50,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[dict[str, float]]:
+    """Maximum likelihood: minimise the negative log-density per latent dimension.
+
+    Returns one record per validation: ``step``, ``train/nll`` and ``val/nll``
+    (nats per dimension) and ``val/mse`` of the mean.
+    """
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+    rng = np.random.default_rng(seed)
+    dims = float(np.prod(train[2].shape[1:]))
+    history: list[dict[str, float]] = []
+    bar = tqdm(range(1, steps + 1), desc="pretrain latent policy", disable=not progress)
+    for step in bar:
+        idx = torch.from_numpy(rng.integers(0, len(train[0]), batch_size))
+        nll = -policy.log_prob(train[0][idx], train[1][idx], train[2][idx]).mean() / dims
+        optimizer.zero_grad(set_to_none=True)
+        nll.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+        if step % val_every == 0 or step == steps:
+            with torch.no_grad():
+                mean, _ = policy(val[0], val[1])
+                val_nll = -policy.log_prob(*val).mean().item() / dims
+                history.append({"step": step, "train/nll": nll.item(), "val/nll": val_nll,
+                                "val/mse": torch.mean((mean - val[2]) ** 2).item()})  # fmt: skip
+            bar.set_postfix(nll=f"{nll.item():.3f}", val=f"{val_nll:.3f}")
+    return history

@@ -1,0 +1,215 @@
+"""The video tokenizer: a tiny diffusers ``VQModel`` that maps each frame to a token grid.
+
+Frames of ``H x W`` become ``h x w`` ids in ``[0, codebook_size)`` with
+``h = H / 2**(len(block_out_channels) - 1)``; 32x32 frames with three blocks give
+8x8 = 64 tokens per frame. It is trained here on environment frames
+(:func:`train_vq_tokenizer`), saved with ``save_pretrained`` and loaded by path.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import VQModel
+from tqdm.auto import tqdm
+
+from mmrl.worldmodel import frames as F
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class VQConfig:
+    """Architecture of the tokenizer."""
+
+    codebook_size: int = 128
+    embed_dim: int = 16
+    latent_channels: int = 16
+    block_out_channels: list[int] = field(default_factory=lambda: [16, 32, 32])
+    layers_per_block: int = 1
+    norm_num_groups: int = 8
+
+
+@dataclass
+class AETrainConfig:
+    """Training budget of a frame autoencoder (tokenizer or latent AE)."""
+
+    steps: int = 600
+    batch_size: int = 32
+    lr: float = 2e-3
+    seed: int = 0
+    restart_every: int = 50  # VQ only: re-seed unused codes from encoder outputs
+    rare_colour_weight: float = 10.0  # max loss weight of rare colours (small objects)
+
+
+def build_vq_model(cfg: VQConfig, frame_size: int) -> VQModel:
+    n = len(cfg.block_out_channels)
+    return VQModel(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * n,
+        up_block_types=("UpDecoderBlock2D",) * n,
+        block_out_channels=tuple(cfg.block_out_channels),
+        layers_per_block=cfg.layers_per_block,
+        latent_channels=cfg.latent_channels,
+        vq_embed_dim=cfg.embed_dim,
+        num_vq_embeddings=cfg.codebook_size,
+        norm_num_groups=cfg.norm_num_groups,
+        mid_block_add_attention=False,
+        sample_size=frame_size,
+    )
+
+
+class VQTokenizer:
+    """Frames <-> token grids with a trained ``VQModel`` (CPU, float32, no grad)."""
+
+    def __init__(self, model: VQModel) -> None:
+        self.model = model.eval()
+        cfg = model.config
+        self.codebook_size = int(cfg.num_vq_embeddings)
+        self.frame_size = int(cfg.sample_size)
+        factor = 2 ** (len(cfg.block_out_channels) - 1)
+        self.grid = (self.frame_size // factor, self.frame_size // factor)
+        self.tokens_per_frame = self.grid[0] * self.grid[1]
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> VQTokenizer:
+        return cls(VQModel.from_pretrained(str(path), low_cpu_mem_usage=False))
+
+    def save_pretrained(self, path: str | Path) -> None:
+        self.model.save_pretrained(str(path))
+
+    @torch.no_grad()
+    def encode(self, frames: np.ndarray, batch_size: int = 256) -> np.ndarray:
+        """``frames uint8 [N, H, W, 3]`` -> token ids ``int64 [N, h, w]``."""
+        self._check_frames(frames)
+        out = [self._indices(F.to_tensor(frames[s]))[1] for s in F.batches(len(frames), batch_size)]
+        return torch.cat(out).numpy() if out else np.zeros((0, *self.grid), dtype=np.int64)
+
+    @torch.no_grad()
+    def decode(self, ids: np.ndarray, batch_size: int = 256) -> np.ndarray:
+        """Token ids ``[N, h, w]`` -> ``frames uint8 [N, H, W, 3]``."""
+        ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
+        if ids.ndim != 3 or tuple(ids.shape[1:]) != self.grid:
+            raise ValueError(
+                f"expected token ids [N, {self.grid[0]}, {self.grid[1]}], found {list(ids.shape)}"
+            )
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.codebook_size):
+            raise ValueError(
+                f"token ids must be in [0, {self.codebook_size}), found [{ids.min()}, {ids.max()}]"
+            )
+        out = []
+        for s in F.batches(len(ids), batch_size):
+            shape = (len(ids[s]), *self.grid, self.model.config.vq_embed_dim)
+            z = self.model.quantize.get_codebook_entry(ids[s].reshape(-1), shape)
+            out.append(F.to_frames(self.model.decode(z, force_not_quantize=True).sample))
+        return (
+            np.concatenate(out)
+            if out
+            else np.zeros((0, self.frame_size, self.frame_size, 3), np.uint8)
+        )
+
+    def _indices(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Pre-quant latents ``[N, D, h, w]``, ids ``[N, h, w]``, quantized latents, VQ loss."""
+        h = self.model.encode(x).latents
+        z_q, vq_loss, (_, _, idx) = self.model.quantize(h)
+        return h, idx.reshape(len(x), *self.grid), z_q, vq_loss
+
+    def _check_frames(self, frames: np.ndarray) -> None:
+        want = (self.frame_size, self.frame_size, 3)
+        if frames.ndim != 4 or frames.shape[1:] != want or frames.dtype != np.uint8:
+            raise ValueError(
+                f"tokenizer expects frames uint8 [N, {want[0]}, {want[1]}, 3], "
+                f"found {frames.dtype} {list(frames.shape)}"
+            )
+
+
+def train_vq_tokenizer(
+    dataset_dir: str | Path,
+    out_dir: str | Path,
+    steps: int | None = None,
+    cfg: VQConfig | None = None,
+    train: AETrainConfig | None = None,
+    progress: bool = True,
+) -> VQTokenizer:
+    """Train (or load from cache) a tokenizer on a trajectory dataset's frames.
+
+    The cache in ``out_dir`` is keyed by a hash of ``cfg``, ``train`` and the
+    dataset's ``index.json``; a match skips training. ``steps`` overrides
+    ``train.steps``. The cache record holds reconstruction PSNR on the training
+    frames next to the mean-frame baseline.
+    """
+    cfg, train = cfg or VQConfig(), train or AETrainConfig()
+    if steps is not None:
+        train = AETrainConfig(**{**asdict(train), "steps": steps})
+    key = F.cache_key(dataset_dir, kind="vq", model=asdict(cfg), train=asdict(train))
+    if F.cached(out_dir, key) is not None:
+        logger.info("tokenizer cache hit in %s", out_dir)
+        return VQTokenizer.from_pretrained(out_dir)
+    frames = F.load_frames(dataset_dir)
+    torch.manual_seed(train.seed)
+    tok = VQTokenizer(build_vq_model(cfg, frames.shape[1]))
+    start = time.perf_counter()
+    losses = _fit(tok, frames, train, progress)
+    tok.model.eval()
+    sample = frames[np.random.default_rng(train.seed).permutation(len(frames))[:512]]
+    recon = tok.decode(tok.encode(sample))
+    mean_frame = np.broadcast_to(frames.mean(0).round().astype(np.uint8), sample.shape)
+    record = {
+        "psnr": F.psnr(recon, sample),
+        "psnr_mean_frame": F.psnr(mean_frame, sample),
+        "codes_used": int(len(np.unique(tok.encode(sample)))),
+        "final_loss": float(np.mean(losses[-20:])),
+        "train_time_s": time.perf_counter() - start,
+    }
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(out_dir)
+    F.write_cache(out_dir, key, {"model": asdict(cfg), "train": asdict(train), **record})
+    logger.info("tokenizer: %s", record)
+    return tok
+
+
+def _fit(tok: VQTokenizer, frames: np.ndarray, train: AETrainConfig, progress: bool) -> list[float]:
+    """Colour-weighted reconstruction MSE + VQ loss; unused codes re-seeded from encoder outputs."""
+    model = tok.model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=train.lr)
+    rng = np.random.default_rng(train.seed)
+    usage = torch.zeros(tok.codebook_size)
+    weights = F.colour_weights(frames, train.rare_colour_weight)
+    losses: list[float] = []
+    bar = tqdm(range(train.steps), desc="train VQ tokenizer", disable=not progress)
+    for step in bar:
+        batch = frames[rng.integers(0, len(frames), train.batch_size)]
+        x = F.to_tensor(batch)
+        h, idx, z_q, vq_loss = tok._indices(x)
+        recon = model.decode(z_q, force_not_quantize=True).sample
+        loss = F.weighted_mse(recon, x, batch, weights) + vq_loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        usage += torch.bincount(idx.reshape(-1), minlength=tok.codebook_size)
+        if train.restart_every and (step + 1) % train.restart_every == 0 and step + 1 < train.steps:
+            _restart_dead_codes(model, usage, h.detach())
+            usage.zero_()
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+    return losses
+
+
+@torch.no_grad()
+def _restart_dead_codes(model: VQModel, usage: torch.Tensor, h: torch.Tensor) -> None:
+    """Move codes unused since the last restart onto random encoder outputs ``h [N, D, h, w]``."""
+    dead = torch.nonzero(usage == 0).reshape(-1)
+    if len(dead) == 0:
+        return
+    vectors = h.permute(0, 2, 3, 1).reshape(-1, h.shape[1])
+    pick = torch.randint(0, len(vectors), (len(dead),))
+    noise = 0.01 * vectors.std() * torch.randn(len(dead), h.shape[1])
+    model.quantize.embedding.weight[dead] = vectors[pick] + noise

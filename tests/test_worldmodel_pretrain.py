@@ -1,0 +1,73 @@
+"""Pretraining plumbing: the plateau rule, the config, and the sequence layout."""
+
+import numpy as np
+import pytest
+import torch
+
+from mmrl.worldmodel.data import TrajectoryDataset, generate_dataset
+from mmrl.worldmodel.pretrain import (
+    IGNORE,
+    encode_sequences,
+    load_pretrain_config,
+    plateaued,
+)
+from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
+from mmrl.worldmodel.tokenizer import VQConfig, VQTokenizer, build_vq_model
+from mmrl.worldmodel.vocab import VocabLayout
+
+
+def test_plateau_rule():
+    assert not plateaued([3.0, 2.0], patience=2, min_delta=0.01)
+    assert not plateaued([3.0, 2.0, 1.5, 1.6], patience=2, min_delta=0.01)
+    assert plateaued([3.0, 2.0, 1.995, 2.1], patience=2, min_delta=0.01)
+    assert not plateaued([3.0, 2.0, 2.1, 2.2], patience=0, min_delta=0.01)
+
+
+def test_config_composes_with_overrides():
+    cfg = load_pretrain_config(["data.env=push", "train.steps=7", "output_dir=/tmp/x"])
+    assert cfg.data.env == "push" and cfg.train.steps == 7
+    assert cfg.data.dir == "/tmp/x/data" and cfg.tokenizer.dir == "/tmp/x/tokenizer"
+    assert cfg.model.hidden_size // cfg.model.num_attention_heads >= 64
+    with pytest.raises(Exception, match="nonexistent"):
+        load_pretrain_config(["train.nonexistent=1"])
+
+
+def test_encode_sequences_layout(tmp_path):
+    data_dir = generate_dataset("push", 2, 5, tmp_path, seed=0, progress=False)
+    torch.manual_seed(0)
+    tok = VQTokenizer(build_vq_model(VQConfig(codebook_size=16, block_out_channels=[8, 8, 8]), 32))
+    action = TrajectoryDataset(data_dir).info.action
+    proc = TokenWorldModelProcessor(VocabLayout(16, tok.grid, action), context=2, future=1)
+    ids, labels = encode_sequences(data_dir, tok, proc)
+    assert ids.shape == (2 * 3, proc.prompt_length + proc.response_length)
+    learned = labels != IGNORE
+    assert learned.sum(1).tolist() == [2 * 64] * 6  # second context frame + response
+    assert torch.equal(labels[learned], ids[learned])
+    assert (ids[:, -64:] >= 5).all() and (ids[:, -64:] < 21).all()
+
+
+def test_greedy_responses_match_full_recompute_and_stay_visual():
+    from mmrl.worldmodel.envs import ActionSpec
+    from mmrl.worldmodel.pretrain import greedy_responses
+    from mmrl.worldmodel.token_lm import TokenLMConfig, build_token_world_model
+
+    layout = VocabLayout(16, (2, 2), ActionSpec(kind="discrete", dim=1, num_actions=5))
+    proc = TokenWorldModelProcessor(layout, context=1, future=2)
+    torch.manual_seed(0)
+    model = build_token_world_model(
+        proc,
+        TokenLMConfig(64, 64, 1, 1, 1, max_position_embeddings=64),
+    )
+    rng = np.random.default_rng(0)
+    prompts = torch.tensor(
+        [proc.build_prompt(rng.integers(0, 16, (1, 2, 2)), [[1.0], [3.0]]) for _ in range(3)]
+    )
+    out = greedy_responses(model, prompts, proc)
+    assert out.shape == (3, proc.response_length)
+    assert all(proc.decode_response(r).valid for r in out.tolist())
+    ids = prompts
+    allowed = torch.tensor(proc.allowed_token_ids())
+    for _ in range(proc.response_length):  # no KV cache: recompute everything each step
+        logits = model(input_ids=ids).logits[:, -1, allowed]
+        ids = torch.cat([ids, allowed[logits.argmax(-1)][:, None]], dim=1)
+    assert torch.equal(out, ids[:, prompts.shape[1] :])
