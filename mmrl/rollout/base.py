@@ -90,7 +90,8 @@ def finish_rollout(
     stops_before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()
     response_mask = (stops_before == 0).to(torch.float32)
     responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, pad_id))
-    log_probs = log_probs * response_mask
+    # where(), not a product: a masked-out step may hold -inf (disallowed token after EOS).
+    log_probs = torch.where(response_mask.bool(), log_probs, torch.zeros_like(log_probs))
     clipped = ~is_stop.any(dim=1)
 
     out = prompts.clone()
