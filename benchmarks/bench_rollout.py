@@ -86,8 +86,9 @@ def throughput(
     engines: dict, prompts: Batch, sampling: SamplingParams, repeats: int
 ) -> dict[str, float]:
     """Median generated tokens/s per engine; engines alternate within each repeat."""
-    for engine in engines.values():  # warm-up: lazy initialisation, first-call compiles
-        engine.generate(prompts, sampling)
+    warm_up = dataclasses.replace(sampling, max_tokens=2, min_tokens=2)
+    for engine in engines.values():  # lazy initialisation and compiles for these shapes
+        engine.generate(prompts, warm_up)
     speeds: dict[str, list[float]] = {label: [] for label in engines}
     for _ in range(repeats):
         for label, engine in engines.items():
