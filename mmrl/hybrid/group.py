@@ -78,9 +78,10 @@ class WorkerGroup:
         self.step: int | None = None  # the RL step in progress; failures name it
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
-        if method.startswith("_"):  # keeps copy/pickle probes away from dispatch
+        worker_cls = self.__dict__.get("worker_cls")
+        if worker_cls is None or method.startswith("_"):  # copy/pickle probes, half-built objects
             raise AttributeError(method)
-        mode = dispatch_mode(self.worker_cls, method)
+        mode = dispatch_mode(worker_cls, method)
 
         def call(*args: Any, **kwargs: Any) -> Any:
             calls, pad_size = split_args(mode, self.world_size, args, kwargs, method)

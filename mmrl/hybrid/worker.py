@@ -85,9 +85,9 @@ class ActorRolloutRefWorker:
             cfg=arr.rollout,
             max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
         )
-        # An engine that generates with the actor's own module (transformers) needs
-        # the full weights in place; one with its own copy (vLLM) gets them by sync.
-        self.engine_shares_module = getattr(self.rollout, "model", None) is self.model
+        # An engine that keeps the actor's own module (transformers) generates with it
+        # under the gathered full weights; one with its own copy (vLLM) gets them by sync.
+        self.engine_shares_module = any(v is self.model for v in vars(self.rollout).values())
 
     @register(Dispatch.DP_COMPUTE)
     def generate_sequences(self, prompts: Batch, sampling: SamplingParams) -> Batch:
