@@ -1,25 +1,36 @@
-"""The hybrid worker: actor, rollout and reference colocated on one set of weights.
+"""The hybrid worker: actor, rollout and reference colocated on one data-parallel rank.
 
-In the embedded mode the trainer calls this class directly; the Ray mode wraps
-the same class in actors, so there is one actor code path.
+Each instance lives in one process that has joined the default process group
+(:func:`mmrl.hybrid.fsdp.init_process_group`) and trains its FSDP2 shard. The
+embedded mode runs one instance in the trainer's process (a one-rank group); the
+Ray mode runs one per Ray actor. Worker groups call the methods marked with
+``@register`` on every rank (see :mod:`mmrl.hybrid.dispatch`).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
+from mmrl.hybrid import fsdp
+from mmrl.hybrid.dispatch import Dispatch, register
 from mmrl.protocol import Batch
 from mmrl.rollout import SamplingParams, get_rollout
 from mmrl.trainer import actor as actor_fns
 from mmrl.trainer import critic as critic_fns
-from mmrl.trainer.config import CriticConfig, RunConfig
+from mmrl.trainer.config import RunConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Rank r samples with seed + r * RANK_SEED_STRIDE: ranks draw independent noise, and
+# rank 0 keeps the configured seed, so one worker reproduces the embedded run.
+RANK_SEED_STRIDE = 1_000_003
 
 
 def load_causal_lm(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
@@ -35,82 +46,156 @@ def load_causal_lm(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True)
 
 
+def local_mini_batch_size(global_size: int, world_size: int, key: str) -> int:
+    """Samples per optimizer step on one rank; every rank takes an equal share."""
+    if global_size % world_size:
+        raise ValueError(
+            f"{key} gives {global_size} samples per optimizer step, which does not split "
+            f"evenly over {world_size} data-parallel workers"
+        )
+    return global_size // world_size
+
+
 class ActorRolloutRefWorker:
-    """Holds the trainable actor, its optimizer, a frozen reference copy and the rollout engine."""
+    """The trainable actor (FSDP2), its sharded optimizer, a frozen reference and the rollout engine."""
 
     def __init__(self, cfg: RunConfig, model_path: str | Path, need_ref: bool) -> None:
         self.cfg = cfg
         arr = cfg.actor_rollout_ref
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.device = fsdp.device()
+        mp_policy = fsdp.mixed_precision_policy(cfg.trainer.mixed_precision, self.device.type)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-        self.model = load_causal_lm(model_path, arr.model.dtype)
-        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if need_ref else None
+        model = load_causal_lm(model_path, arr.model.dtype).to(self.device)
+        ref = copy.deepcopy(model).eval().requires_grad_(False) if need_ref else None
+        self.model = fsdp.shard_model(model, mp_policy)
+        self.ref_model = fsdp.shard_model(ref, mp_policy) if ref is not None else None
+        # Built over the sharded parameters, so each rank holds only its shard of Adam's state.
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=arr.actor.lr, weight_decay=arr.actor.weight_decay
         )
-        engine_cls = get_rollout(arr.rollout.name)
-        self.rollout = engine_cls(
+        self.mini_batch_size = local_mini_batch_size(
+            arr.actor.ppo_mini_batch_size * arr.rollout.n, self.world_size,
+            "actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n",
+        )
+        self.rollout = get_rollout(arr.rollout.name)(
             model=self.model,
             tokenizer=self.tokenizer,
             model_path=str(model_path),
             cfg=arr.rollout,
             max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
         )
+        # An engine that keeps the actor's own module (transformers) generates with it
+        # under the gathered full weights; one with its own copy (vLLM) gets them by sync.
+        self.engine_shares_module = any(v is self.model for v in vars(self.rollout).values())
 
+    @register(Dispatch.DP_COMPUTE)
     def generate_sequences(self, prompts: Batch, sampling: SamplingParams) -> Batch:
-        return self.rollout.generate(prompts, sampling)
+        """Responses for this rank's prompts; see :class:`mmrl.rollout.base.RolloutEngine`."""
+        if sampling.seed is not None:
+            sampling = dataclasses.replace(sampling, seed=sampling.seed + RANK_SEED_STRIDE * self.rank)
+        view = fsdp.full_weights(self.model) if self.engine_shares_module else nullcontext()
+        with view:
+            out = self.rollout.generate(prompts.to(self.device), sampling)
+        return out.to("cpu")
 
+    @register(Dispatch.DP_COMPUTE)
     def compute_log_prob(self, batch: Batch) -> torch.Tensor:
+        """Log-probs [b, T] of the responses under the current actor."""
         rollout = self.cfg.actor_rollout_ref.rollout
         return actor_fns.compute_log_probs(
-            self.model, batch, rollout.log_prob_micro_batch_size, rollout.temperature
-        )
+            self.model, batch.to(self.device), rollout.log_prob_micro_batch_size, rollout.temperature
+        ).cpu()
 
+    @register(Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch) -> torch.Tensor:
+        """Log-probs [b, T] of the responses under the frozen reference policy."""
         if self.ref_model is None:
             raise RuntimeError("the reference policy was not built; enable a KL loss or KL reward")
         arr = self.cfg.actor_rollout_ref
         return actor_fns.compute_log_probs(
-            self.ref_model, batch, arr.ref.log_prob_micro_batch_size, arr.rollout.temperature
-        )
+            self.ref_model, batch.to(self.device), arr.ref.log_prob_micro_batch_size, arr.rollout.temperature
+        ).cpu()
 
+    @register(Dispatch.DP_UPDATE)
     def update_actor(self, batch: Batch, seed: int) -> dict[str, float]:
-        """One PPO update, then the new weights go into the rollout engine."""
+        """One PPO update on this rank's share of the batch, then the new weights go into the rollout engine."""
         arr = self.cfg.actor_rollout_ref
         metrics = actor_fns.update_policy(
             self.model,
             self.optimizer,
-            batch,
+            batch.to(self.device),
             arr.actor,
-            mini_batch_size=arr.actor.ppo_mini_batch_size * arr.rollout.n,
+            mini_batch_size=self.mini_batch_size,
             temperature=arr.rollout.temperature,
             seed=seed,
         )
         start = time.perf_counter()
-        self.rollout.sync_weights(self.model)
+        self.sync_rollout_weights()
         metrics["timing_s/update_weights"] = time.perf_counter() - start
         return metrics
 
+    @register(Dispatch.ALL)
+    def sync_rollout_weights(self) -> None:
+        """Gather the full weights from the shards and load them into this rank's engine."""
+        if self.engine_shares_module:
+            self.rollout.sync_weights(self.model)  # it reads the module itself: nothing to move
+            return
+        state = fsdp.full_state_dict(self.model, on_every_rank=True)
+        self.rollout.sync_weights(state.items())
+
+    @register(Dispatch.ALL)
     def save_pretrained(self, path: str | Path) -> Path:
-        """Write the actor as a directory that transformers (and vLLM) can load."""
+        """Write the actor as a directory that transformers (and vLLM) can load; rank 0 writes."""
         path = Path(path)
-        self.model.save_pretrained(path, safe_serialization=True)
-        self.tokenizer.save_pretrained(path)
+        state = fsdp.full_state_dict(self.model, on_every_rank=False)
+        if self.rank == 0:
+            self.model.save_pretrained(path, state_dict=state, safe_serialization=True)
+            self.tokenizer.save_pretrained(path)
         return path
+
+    @register(Dispatch.ALL)
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """A copy of the actor's full weights on rank 0's CPU; ``{}`` on the other ranks."""
+        # With one rank the gathered tensors can share storage with the live parameters.
+        return {k: v.clone() for k, v in fsdp.full_state_dict(self.model, on_every_rank=False).items()}
+
+    @register(Dispatch.ALL)
+    def memory_stats(self) -> dict[str, float]:
+        return fsdp.memory_stats()
 
 
 class CriticWorker:
-    """A value model initialised from the actor's weights with a fresh scalar head."""
+    """A value model initialised from the actor's weights with a fresh scalar head, trained with FSDP2."""
 
-    def __init__(self, cfg: CriticConfig, model_path: str | Path, mini_batch_size: int) -> None:
-        self.cfg = cfg
-        self.mini_batch_size = mini_batch_size
-        self.model = AutoModelForTokenClassification.from_pretrained(
-            model_path, num_labels=1, local_files_only=True
+    def __init__(self, cfg: RunConfig, model_path: str | Path) -> None:
+        self.cfg = cfg.critic
+        self.device = fsdp.device()
+        mp_policy = fsdp.mixed_precision_policy(cfg.trainer.mixed_precision, self.device.type)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.trainer.seed)  # every rank draws the same fresh value head
+            model = AutoModelForTokenClassification.from_pretrained(
+                model_path, num_labels=1, local_files_only=True
+            ).to(self.device)
+        self.model = fsdp.shard_model(model, mp_policy)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr)
+        self.mini_batch_size = local_mini_batch_size(
+            cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n,
+            dist.get_world_size(),
+            "actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n",
         )
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
 
+    @register(Dispatch.DP_COMPUTE)
     def compute_values(self, batch: Batch) -> torch.Tensor:
-        return critic_fns.compute_values(self.model, batch, self.cfg.ppo_micro_batch_size)
+        """Values [b, T] of the response steps."""
+        return critic_fns.compute_values(self.model, batch.to(self.device), self.cfg.ppo_micro_batch_size).cpu()
 
+    @register(Dispatch.DP_UPDATE)
     def update_critic(self, batch: Batch, seed: int) -> dict[str, float]:
-        return critic_fns.update_critic(self.model, self.optimizer, batch, self.cfg, self.mini_batch_size, seed)
+        return critic_fns.update_critic(
+            self.model, self.optimizer, batch.to(self.device), self.cfg, self.mini_batch_size, seed
+        )
+
+    @register(Dispatch.ALL)
+    def memory_stats(self) -> dict[str, float]:
+        return fsdp.memory_stats()

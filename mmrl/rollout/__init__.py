@@ -9,4 +9,13 @@ from mmrl.rollout.base import (
     register_rollout,
 )
 
+
+@register_rollout("vllm")
+def _vllm_rollout(**kwargs) -> RolloutEngine:
+    """Imports vLLM (slow) only when a vLLM engine is built; the import re-registers the class."""
+    from mmrl.rollout.vllm import VLLMRollout
+
+    return VLLMRollout(**kwargs)
+
+
 __all__ = ["ROLLOUT_ENGINES", "RolloutEngine", "SamplingParams", "get_rollout", "register_rollout"]

@@ -10,6 +10,7 @@ from collections import defaultdict
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from mmrl.protocol import Batch
@@ -74,8 +75,8 @@ def update_policy(
         batch.reorder(torch.from_numpy(rng.permutation(len(batch))))
         for mini in batch.split(mini_batch_size):
             optimizer.zero_grad(set_to_none=True)
-            for micro in mini.split(cfg.ppo_micro_batch_size):
-                weight = len(micro) / len(mini)
+            micros = mini.split(cfg.ppo_micro_batch_size)
+            for micro, weight in zip(micros, micro_batch_weights(micros, cfg.loss_agg_mode), strict=True):
                 for key, value in _micro_step(model, micro, cfg, loss_fn, loss_cfg, temperature, weight).items():
                     metrics[key].append(value)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -87,6 +88,28 @@ def update_policy(
             metrics["actor/grad_norm"].append(float(grad_norm))
     metrics["actor/lr"].append(optimizer.param_groups[0]["lr"])
     return {k: float(np.mean(v)) for k, v in metrics.items()}
+
+
+def micro_batch_weights(micros: list[Batch], loss_agg_mode: str) -> list[float]:
+    """Weights that sum micro-batch losses into one mini-batch loss, over all data-parallel ranks.
+
+    ``agg_loss`` averages within a micro-batch: over its loss tokens (``token-mean``) or
+    its rows that have any (``seq-mean-*``). Weighting each micro-batch by its share of
+    that count in the whole mini-batch, summed over the ranks of the default process
+    group, gives the average over the whole mini-batch however it is split into
+    micro-batches and ranks. FSDP averages gradients over ranks, hence ``* world_size``.
+    """
+    counts = []
+    for micro in micros:
+        keep = micro["response_mask"].bool() & micro["valid_mask"].bool()[:, None]
+        counts.append(float(keep.sum() if loss_agg_mode == "token-mean" else keep.any(-1).sum()))
+    total, world_size = sum(counts), 1
+    if dist.is_available() and dist.is_initialized():
+        world_size = dist.get_world_size()
+        summed = torch.tensor([total], dtype=torch.float64, device=micros[0]["response_mask"].device)
+        dist.all_reduce(summed)
+        total = float(summed)
+    return [world_size * count / max(total, 1.0) for count in counts]
 
 
 def _micro_step(model, micro, cfg, loss_fn, loss_cfg, temperature, weight) -> dict[str, float]:

@@ -150,6 +150,16 @@ class TrainerConfig:
     experiment_name: str = "run"
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     progress_bar: bool = True
+    # Workers (mmrl/hybrid). One worker and no ray_address is the embedded mode (in-process).
+    n_workers_per_node: int = 1
+    nnodes: int = 1
+    ray_address: str | None = None  # "auto" or "host:port" joins a cluster; null starts a local Ray if needed
+    ray_object_store_mb: int = 1024  # object store of a local Ray
+    ray_num_cpus_per_worker: float = 1.0
+    colocate_critic: bool = True  # critic in the actor workers' processes, or its own workers
+    device: str = "auto"  # auto | cpu | cuda
+    mixed_precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
+    dist_timeout_s: float = 90.0  # a collective waiting longer than this fails (e.g. a dead rank)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from torch import nn
 
 from mmrl.protocol import Batch
 from mmrl.trainer import core_algos
-from mmrl.trainer.actor import MODEL_INPUTS
+from mmrl.trainer.actor import MODEL_INPUTS, micro_batch_weights
 from mmrl.trainer.config import CriticConfig
 
 
@@ -45,7 +45,8 @@ def update_critic(
         batch.reorder(torch.from_numpy(rng.permutation(len(batch))))
         for mini in batch.split(mini_batch_size):
             optimizer.zero_grad(set_to_none=True)
-            for micro in mini.split(cfg.ppo_micro_batch_size):
+            micros = mini.split(cfg.ppo_micro_batch_size)
+            for micro, weight in zip(micros, micro_batch_weights(micros, cfg.loss_agg_mode), strict=True):
                 vpreds = forward_values(model, micro)
                 loss, loss_metrics = core_algos.compute_value_loss(
                     vpreds=vpreds,
@@ -56,7 +57,7 @@ def update_critic(
                     loss_agg_mode=cfg.loss_agg_mode,
                     valid_mask=micro["valid_mask"],
                 )
-                (loss * len(micro) / len(mini)).backward()
+                (loss * weight).backward()
                 metrics["critic/vf_loss"].append(loss.item())
                 for k, v in loss_metrics.items():
                     metrics[f"critic/{k}"].append(float(v))

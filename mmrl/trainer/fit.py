@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+from transformers import AutoTokenizer
 
-from mmrl.hybrid import ActorRolloutRefWorker, CriticWorker
+from mmrl.hybrid import WorkerGroup, build_workers
 from mmrl.processors import TextProcessor
 from mmrl.protocol import Batch
 from mmrl.rollout import SamplingParams
@@ -150,8 +151,13 @@ def sampling_params(cfg: RunConfig, seed: int, validate: bool = False) -> Sampli
     )
 
 
+def needs_reference(cfg: RunConfig) -> bool:
+    """A KL loss or a KL reward compares the actor with the frozen reference policy."""
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
 def rl_step(
-    cfg: RunConfig, step: int, prompts: Batch, worker: ActorRolloutRefWorker, critic: CriticWorker | None,
+    cfg: RunConfig, step: int, prompts: Batch, worker: WorkerGroup, critic: WorkerGroup | None,
     processor: TextProcessor, kl_ctrl, runner: VerifierRunner,
 ) -> dict[str, float]:
     algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
@@ -174,7 +180,7 @@ def rl_step(
         with timer("reward", metrics):  # adds only the verifier time not hidden above
             batch, reward_metrics = apply_scores(batch, pending.result(), cfg)
             metrics.update(reward_metrics)
-        if worker.ref_model is not None:
+        if needs_reference(cfg):
             with timer("ref", metrics):
                 batch["ref_log_prob"] = worker.compute_ref_log_prob(batch)
         if critic is not None:
@@ -211,8 +217,7 @@ def rl_step(
 
 
 def validate(
-    cfg: RunConfig, val_prompts: Batch, worker: ActorRolloutRefWorker, processor: TextProcessor,
-    runner: VerifierRunner,
+    cfg: RunConfig, val_prompts: Batch, worker: WorkerGroup, processor: TextProcessor, runner: VerifierRunner
 ) -> dict[str, float]:
     """Score held-out prompts with ``rollout.val_kwargs`` sampling."""
     vk = cfg.actor_rollout_ref.rollout.val_kwargs
@@ -248,25 +253,25 @@ def fit(cfg: RunConfig) -> RunResult:
     model_path, init_metrics = prepare_initial_model(cfg, task)
     data = task.build_data(cfg.trainer.seed)
 
-    need_ref = cfg.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward
-    worker = ActorRolloutRefWorker(cfg, model_path, need_ref=need_ref)
-    processor = TextProcessor(worker.tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    processor = TextProcessor(tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts)
     train_prompts = encode_dataset(processor, data.train, "train")
     val_prompts = encode_dataset(processor, data.val, "val")
-    critic = None
-    if algo.adv_estimator == "gae":
-        critic = CriticWorker(cfg.critic, model_path, cfg.actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n)
     kl_ctrl = build_kl_controller(algo.kl_ctrl)
     loader = PromptLoader(train_prompts, cfg.data.train_batch_size, cfg.data.shuffle, cfg.trainer.seed)
     tracker = Tracker(cfg.output_dir, cfg.trainer.loggers)
     init_metrics["data/filtered_prompts"] = train_prompts.meta["num_filtered_prompts"]
 
+    # In-process, or one Ray actor per rank (trainer.n_workers_per_node, nnodes, ray_address).
+    workers = build_workers(cfg, model_path, need_ref=needs_reference(cfg), need_critic=algo.adv_estimator == "gae")
+    worker, critic = workers.actor, workers.critic
     runner = VerifierRunner.from_config(cfg.reward)
-    with closing(runner):  # stops verifier worker processes however the run ends
+    with workers, closing(runner):  # stops worker processes however the run ends
         if cfg.trainer.val_before_train:
             tracker.log({**init_metrics, **validate(cfg, val_prompts, worker, processor, runner)}, step=0)
         bar = tqdm(range(1, cfg.trainer.total_steps + 1), desc="rl", disable=not cfg.trainer.progress_bar)
         for step in bar:
+            workers.set_step(step)  # a worker failure names the step
             metrics = rl_step(cfg, step, loader.next(), worker, critic, processor, kl_ctrl, runner)
             last = step == cfg.trainer.total_steps
             if cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or last):
@@ -276,7 +281,6 @@ def fit(cfg: RunConfig) -> RunResult:
                 worker.save_pretrained(cfg.output_dir / f"global_step_{step}" / "actor")
             tracker.log(metrics, step)
             bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
-
         worker.save_pretrained(cfg.output_dir / "actor")
     result = RunResult(cfg.output_dir, tracker.history, time.perf_counter() - start, peak_rss_gib())
     summary = {"wall_time_s": result.wall_time_s, "peak_memory_gib": result.peak_memory_gib,

