@@ -28,13 +28,11 @@ from contextlib import closing
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer
 
 from mmrl.hybrid import build_workers, init_ray
-from mmrl.processors import TextProcessor
 from mmrl.tasks import get_task
 from mmrl.trainer.config import load_config
-from mmrl.trainer.fit import PromptLoader, build_kl_controller, encode_dataset, rl_step
+from mmrl.trainer.fit import PromptLoader, build_kl_controller, rl_step
 from mmrl.utils.seed import set_seed
 from mmrl.verifiers import VerifierRunner
 
@@ -60,9 +58,8 @@ def run_layout(name: str, overrides: list[str], args: argparse.Namespace) -> dic
     cfg = load_config(overrides)
     set_seed(cfg.trainer.seed)
     task = get_task("text_addition")(cfg.task)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path, local_files_only=True)
-    processor = TextProcessor(tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts)
-    prompts = encode_dataset(processor, task.build_data(cfg.trainer.seed).train, "train")
+    processor = task.build_prompt_processor(Path(cfg.actor_rollout_ref.model.path), cfg)
+    prompts = processor.encode_dataset(task.build_data(cfg.trainer.seed).train, "train")
     loader = PromptLoader(prompts, cfg.data.train_batch_size, shuffle=True, seed=0)
     kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
     history, runner = [], VerifierRunner.from_config(cfg.reward)

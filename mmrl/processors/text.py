@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from mmrl.protocol import Batch
+
+
+class PromptDataLike(Protocol):
+    prompts: Sequence[str]
+    ground_truth: Sequence[Any]
+    extra_info: Sequence[dict]
+
+    def __len__(self) -> int: ...
 
 
 class PromptTooLongError(ValueError):
@@ -79,6 +88,24 @@ class TextProcessor:
             non_tensor=fields,
             meta={"num_filtered_prompts": len(prompts) - len(keep)},
         )
+
+    def encode_dataset(self, dataset: PromptDataLike, split: str) -> Batch:
+        """A task's prompts with their ground truths and extra info (non-tensor fields)."""
+        if len(dataset) == 0:
+            raise ValueError(f"the {split} dataset is empty: check the task's {split} size settings")
+        return self.encode_prompts(
+            dataset.prompts, {"ground_truth": dataset.ground_truth, "extra_info": dataset.extra_info}
+        )
+
+    def decode(self, batch: Batch) -> Batch:
+        """Add ``response_text``, the decoded responses that text verifiers read."""
+        texts = self.decode_responses(batch["responses"], batch["response_mask"])
+        batch["response_text"] = np.asarray(texts, dtype=object)
+        return batch
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        """Text responses are free-form: no constraint on the sampler."""
+        return {}
 
     def decode_responses(self, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         """Decode ``responses`` [B, T] up to their mask, without the EOS token."""

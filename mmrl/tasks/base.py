@@ -8,11 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from mmrl.processors.base import PromptProcessor
+from mmrl.processors.text import TextProcessor
 from mmrl.trainer.sft import SFTConfig
+
+if TYPE_CHECKING:
+    from mmrl.trainer.config import RunConfig
 
 
 @dataclass
@@ -76,3 +82,14 @@ class Task:
     def sft_pairs(self, data: TaskData) -> tuple[list[str], list[str]]:
         """(prompt, target response) pairs for the warm-up before RL."""
         raise NotImplementedError
+
+    def initial_model(self, cfg: RunConfig) -> tuple[Path, dict[str, float]] | None:
+        """A ``save_pretrained`` directory to start RL from, made the task's own way
+        (for example MLE pretraining), with metrics to log; ``None`` lets the fit loop
+        build the model from config and warm it up with SFT on :meth:`sft_pairs`."""
+        return None
+
+    def build_prompt_processor(self, model_path: Path, cfg: RunConfig) -> PromptProcessor:
+        """The processor for this task's prompts and responses; text by default."""
+        tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+        return TextProcessor(tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts)

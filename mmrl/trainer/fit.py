@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer
 
 from mmrl.hybrid import WorkerGroup, build_workers
-from mmrl.processors import TextProcessor
+from mmrl.processors.base import PromptProcessor
 from mmrl.protocol import Batch
 from mmrl.rollout import SamplingParams
 from mmrl.tasks import Task, get_task
@@ -75,12 +74,16 @@ class PromptLoader:
 def prepare_initial_model(cfg: RunConfig, task: Task) -> tuple[Path, dict[str, float]]:
     """Return a local ``save_pretrained`` directory to start RL from.
 
-    With ``actor_rollout_ref.model.path`` set, that directory is used as is.
-    Otherwise the task builds a model from config and warms it up with SFT on
-    its training set; the result is saved under ``<output_dir>/init_model``.
+    With ``actor_rollout_ref.model.path`` set, that directory is used as is. A task
+    that makes its own starting point (:meth:`Task.initial_model`) makes it. Otherwise
+    the task builds a model from config and warms it up with SFT on its training set;
+    the result is saved under ``<output_dir>/init_model``.
     """
     if cfg.actor_rollout_ref.model.path:
         return Path(cfg.actor_rollout_ref.model.path), {}
+    own = task.initial_model(cfg)
+    if own is not None:
+        return own
     tokenizer = task.build_tokenizer()
     model = task.build_model(tokenizer)
     prompts, targets = task.sft_pairs(task.build_data(cfg.trainer.seed))
@@ -100,21 +103,6 @@ def build_kl_controller(cfg: KLControlConfig):
     raise ValueError(f"algorithm.kl_ctrl.type={cfg.type!r}; expected 'fixed' or 'adaptive'")
 
 
-def encode_dataset(processor: TextProcessor, dataset, split: str) -> Batch:
-    if len(dataset) == 0:
-        raise ValueError(f"the {split} dataset is empty: check the task's {split} size settings")
-    return processor.encode_prompts(
-        dataset.prompts, {"ground_truth": dataset.ground_truth, "extra_info": dataset.extra_info}
-    )
-
-
-def decode(batch: Batch, processor: TextProcessor) -> Batch:
-    """Add the decoded responses (``response_text``) that verifiers read."""
-    texts = processor.decode_responses(batch["responses"], batch["response_mask"])
-    batch["response_text"] = np.asarray(texts, dtype=object)
-    return batch
-
-
 def apply_scores(batch: Batch, out: VerifierOutput, cfg: RunConfig) -> tuple[Batch, dict[str, float]]:
     """Place each sample's score on its last valid step (``token_level_scores`` [B, T])."""
     scores = torch.as_tensor(out.scores, dtype=torch.float32)
@@ -132,23 +120,28 @@ def apply_scores(batch: Batch, out: VerifierOutput, cfg: RunConfig) -> tuple[Bat
 
 
 def score(
-    batch: Batch, processor: TextProcessor, cfg: RunConfig, runner: VerifierRunner
+    batch: Batch, processor: PromptProcessor, cfg: RunConfig, runner: VerifierRunner
 ) -> tuple[Batch, dict[str, float]]:
     """Decode responses, run the verifiers, place each score on its last valid step."""
-    batch = decode(batch, processor)
+    batch = processor.decode(batch)
     return apply_scores(batch, runner.run(batch), cfg)
 
 
-def sampling_params(cfg: RunConfig, seed: int, validate: bool = False) -> SamplingParams:
+def sampling_params(
+    cfg: RunConfig, processor: PromptProcessor, seed: int, validate: bool = False, greedy: bool = False
+) -> SamplingParams:
+    """Sampling as ``rollout`` (or ``rollout.val_kwargs``) says, under the processor's constraints."""
     r = cfg.actor_rollout_ref.rollout
-    return SamplingParams(
-        max_tokens=cfg.data.max_response_length,
-        temperature=r.val_kwargs.temperature if validate else r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        do_sample=r.val_kwargs.do_sample if validate else r.do_sample,
-        seed=seed,
-    )
+    params = {
+        "max_tokens": cfg.data.max_response_length,
+        "temperature": r.val_kwargs.temperature if validate else r.temperature,
+        "top_p": r.top_p,
+        "top_k": r.top_k,
+        "do_sample": (r.val_kwargs.do_sample if validate else r.do_sample) and not greedy,
+        "seed": seed,
+        **processor.sampling_overrides(),
+    }
+    return SamplingParams(**params)
 
 
 def needs_reference(cfg: RunConfig) -> bool:
@@ -158,7 +151,7 @@ def needs_reference(cfg: RunConfig) -> bool:
 
 def rl_step(
     cfg: RunConfig, step: int, prompts: Batch, worker: WorkerGroup, critic: WorkerGroup | None,
-    processor: TextProcessor, kl_ctrl, runner: VerifierRunner,
+    processor: PromptProcessor, kl_ctrl, runner: VerifierRunner,
 ) -> dict[str, float]:
     algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
     metrics: dict[str, float] = {}
@@ -166,13 +159,13 @@ def rl_step(
     prompts["uid"] = np.asarray([f"{step}-{i}" for i in range(len(prompts))], dtype=object)
     with timer("step", metrics):
         with timer("gen", metrics):
-            batch = worker.generate_sequences(prompts.repeat(n, interleave=True), sampling_params(cfg, step_seed))
+            batch = worker.generate_sequences(prompts.repeat(n, interleave=True), sampling_params(cfg, processor, step_seed))
         with timer("reward", metrics):  # verifiers run in the background during old log-probs
-            pending = runner.submit(decode(batch, processor))
+            pending = runner.submit(processor.decode(batch))
         baselines = None
         if algo.adv_estimator == "remax":
             with timer("gen_max", metrics):
-                greedy = worker.generate_sequences(prompts, SamplingParams(max_tokens=cfg.data.max_response_length, do_sample=False))
+                greedy = worker.generate_sequences(prompts, sampling_params(cfg, processor, step_seed, greedy=True))
                 greedy, _ = score(greedy, processor, cfg, runner)
                 baselines = greedy["token_level_scores"].sum(-1).repeat_interleave(n)
         with timer("old_log_prob", metrics):
@@ -217,13 +210,13 @@ def rl_step(
 
 
 def validate(
-    cfg: RunConfig, val_prompts: Batch, worker: WorkerGroup, processor: TextProcessor, runner: VerifierRunner
+    cfg: RunConfig, val_prompts: Batch, worker: WorkerGroup, processor: PromptProcessor, runner: VerifierRunner
 ) -> dict[str, float]:
     """Score held-out prompts with ``rollout.val_kwargs`` sampling."""
     vk = cfg.actor_rollout_ref.rollout.val_kwargs
     scores, metrics_sum = [], {}
     for i, chunk in enumerate(val_prompts.split(cfg.data.val_batch_size)):
-        out = worker.generate_sequences(chunk.repeat(vk.n), sampling_params(cfg, cfg.trainer.seed + 7919 * i, validate=True))
+        out = worker.generate_sequences(chunk.repeat(vk.n), sampling_params(cfg, processor, cfg.trainer.seed + 7919 * i, validate=True))
         out, m = score(out, processor, cfg, runner)
         scores.append(out["token_level_scores"].sum(-1))
         for k, v in m.items():
@@ -253,10 +246,9 @@ def fit(cfg: RunConfig) -> RunResult:
     model_path, init_metrics = prepare_initial_model(cfg, task)
     data = task.build_data(cfg.trainer.seed)
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-    processor = TextProcessor(tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts)
-    train_prompts = encode_dataset(processor, data.train, "train")
-    val_prompts = encode_dataset(processor, data.val, "val")
+    processor = task.build_prompt_processor(model_path, cfg)
+    train_prompts = processor.encode_dataset(data.train, "train")
+    val_prompts = processor.encode_dataset(data.val, "val")
     kl_ctrl = build_kl_controller(algo.kl_ctrl)
     loader = PromptLoader(train_prompts, cfg.data.train_batch_size, cfg.data.shuffle, cfg.trainer.seed)
     tracker = Tracker(cfg.output_dir, cfg.trainer.loggers)
