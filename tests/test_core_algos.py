@@ -22,6 +22,7 @@ from mmrl.trainer.core_algos import (
     get_policy_loss,
     kl_penalty,
     register_adv_estimator,
+    rollout_is_weights,
 )
 
 T = 4
@@ -519,3 +520,38 @@ def test_registry_names_and_duplicates() -> None:
     }  # fmt: skip
     with pytest.raises(ValueError, match="already registered"):
         register_adv_estimator("grpo")(lambda **kw: kw)
+
+
+def test_rollout_is_weights_token_and_sequence_levels() -> None:
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, -9.0]])
+    rollout = torch.tensor([[-1.5, -1.0, -0.5], [-3.0, -1.2, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    weights, metrics = rollout_is_weights(old, rollout, mask, "token", cap=2.0)
+    expected = torch.tensor([[math.exp(0.5), math.exp(-1.0), 1.0], [2.0, math.exp(0.2), 1.0]])
+    assert torch.allclose(weights, expected)  # e^2 capped at 2; the padded step stays 1
+    assert metrics["rollout_is/capped_frac"] == pytest.approx(1 / 5)
+    seq, _ = rollout_is_weights(old, rollout, mask, "sequence", cap=10.0)
+    assert torch.allclose(seq[0], torch.full((3,), math.exp(-0.5)))
+    assert torch.allclose(seq[1], torch.tensor([math.exp(2.2), math.exp(2.2), 1.0]))
+    # A huge gap is capped without overflowing to inf.
+    far, _ = rollout_is_weights(torch.zeros(1, 2), torch.full((1, 2), -1e4), torch.ones(1, 2), "sequence", 3.0)
+    assert torch.equal(far, torch.full((1, 2), 3.0))
+    with pytest.raises(ValueError, match="rollout_is='tokens'"):
+        rollout_is_weights(old, rollout, mask, "tokens")
+
+
+def test_rollout_is_weights_scale_the_vanilla_loss_per_token() -> None:
+    g = torch.Generator().manual_seed(0)
+    old, new, adv = (torch.randn(3, 5, generator=g) for _ in range(3))
+    mask, valid = torch.ones(3, 5), torch.ones(3, dtype=torch.bool)
+    weights = torch.rand(3, 5, generator=g) * 2
+    cfg = PolicyLossConfig(loss_agg_mode="token-mean")
+    loss_fn = get_policy_loss("vanilla")
+    weighted, _ = loss_fn(old_log_prob=old, log_prob=new, advantages=adv * weights,
+                          response_mask=mask, valid_mask=valid, config=cfg)
+    # Reference: each token's clipped PPO term times its weight, averaged over tokens.
+    ratio = (new - old).exp()
+    per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_ratio_low, 1 + cfg.clip_ratio_high))
+    dual = torch.minimum(per_token, -adv * cfg.clip_ratio_c)
+    per_token = torch.where(adv < 0, dual, per_token)
+    assert weighted.item() == pytest.approx((per_token * weights).mean().item(), rel=1e-5)

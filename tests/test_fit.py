@@ -71,6 +71,12 @@ def test_kl_in_reward_with_adaptive_controller(tmp_path, warm_model_dir):
     assert "actor/reward_kl_penalty" in row and "actor/kl_loss" not in row
 
 
+def test_truncated_importance_sampling_is_logged(tmp_path, warm_model_dir):
+    row = short_run(tmp_path, warm_model_dir, "algorithm.rollout_is=token", "algorithm.rollout_is_cap=1.5").history[-1]
+    # The transformers engine samples with the trainer's own numerics: the weights are ~1.
+    assert row["rollout_is/mean"] == pytest.approx(1.0, abs=1e-3) and row["rollout_is/max"] <= 1.5
+
+
 def test_same_seed_same_metrics(tmp_path, warm_model_dir):
     def metrics(run_dir):
         hist = short_run(run_dir, warm_model_dir, "trainer.seed=3").history
@@ -87,7 +93,8 @@ def test_metrics_jsonl_and_saved_actor(tmp_path, warm_model_dir):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for key in ("timing_s/gen", "timing_s/update_actor", "actor/pg_clipfrac", "actor/ppo_kl",
-                "critic/score/mean", "response_length/mean", "response_length/clip_ratio", "perf/throughput"):
+                "critic/score/mean", "response_length/mean", "response_length/clip_ratio", "perf/throughput",
+                "perf/rollout_tokens_per_s"):
         assert key in rows[-1], key
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["peak_memory_gib"] > 0 and summary["wall_time_s"] > 0

@@ -11,13 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mmrl.processors import TextProcessor
 from mmrl.protocol import Batch
 from mmrl.rollout import SamplingParams
 from mmrl.rollout.hf import HFRollout
 from mmrl.trainer.actor import MODEL_INPUTS, compute_log_probs
-from mmrl.trainer.config import load_config
+from mmrl.trainer.config import RolloutConfig, load_config
 from mmrl.trainer.fit import fit
 from tests.conftest import run_overrides
 
@@ -169,3 +170,18 @@ def test_grpo_with_vllm_rollout_learns(tmp_path, warm_model_dir):
     assert np.mean(val[-2:]) > val[0] + 0.05, f"held-out score did not rise: {val}"
     assert max(result.series("rollout/logprob_diff_max")) < 1e-3
     assert len(result.series("timing_s/update_weights")) == 20
+    assert min(result.series("perf/rollout_tokens_per_s")) > 0
+
+    # The exported actor is one save_pretrained folder that both engines serve alike.
+    from mmrl.rollout.vllm import VLLMRollout
+
+    exported = result.output_dir / "actor"
+    actor = AutoModelForCausalLM.from_pretrained(exported, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(exported, local_files_only=True)
+    rollout_cfg = RolloutConfig(name="vllm", dtype="float32", kv_cache_memory_gib=0.0625)
+    engine = VLLMRollout(model=None, tokenizer=tokenizer, model_path=str(exported), cfg=rollout_cfg, max_model_len=32)
+    greedy = SamplingParams(max_tokens=4, do_sample=False)
+    prompts = encode(tokenizer)
+    from_vllm = engine.generate(prompts, greedy)
+    from_hf = HFRollout(actor, tokenizer).generate(prompts, greedy)
+    assert torch.equal(from_vllm["responses"], from_hf["responses"])

@@ -115,10 +115,13 @@ def micro_batch_weights(micros: list[Batch], loss_agg_mode: str) -> list[float]:
 def _micro_step(model, micro, cfg, loss_fn, loss_cfg, temperature, weight) -> dict[str, float]:
     mask, valid = micro["response_mask"], micro["valid_mask"]
     log_prob, entropy = forward_response_log_probs(model, micro, temperature, with_entropy=True)
+    advantages = micro["advantages"]
+    if "rollout_is_weights" in micro:  # weights > 0, so this scales each token's clipped loss term
+        advantages = advantages * micro["rollout_is_weights"]
     pg_loss, pg_metrics = loss_fn(
         old_log_prob=micro["old_log_probs"],
         log_prob=log_prob,
-        advantages=micro["advantages"],
+        advantages=advantages,
         response_mask=mask,
         valid_mask=valid,
         config=loss_cfg,

@@ -137,6 +137,10 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "k1"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    # Truncated importance sampling from the rollout engine's distribution to the
+    # trainer's: null (off) | token | sequence, with weights capped at rollout_is_cap.
+    rollout_is: str | None = None
+    rollout_is_cap: float = 2.0
 
 
 @dataclass

@@ -51,6 +51,7 @@ from mmrl.trainer.policy_losses import (
     get_policy_loss,
     register_policy_loss,
 )
+from mmrl.trainer.rollout_correction import rollout_is_weights
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -89,6 +90,7 @@ __all__ = [
     "masked_whiten",
     "register_adv_estimator",
     "register_policy_loss",
+    "rollout_is_weights",
 ]
 
 

@@ -170,6 +170,12 @@ def rl_step(
                 baselines = greedy["token_level_scores"].sum(-1).repeat_interleave(n)
         with timer("old_log_prob", metrics):
             batch["old_log_probs"] = worker.compute_log_prob(batch)
+        if algo.rollout_is:
+            batch["rollout_is_weights"], is_metrics = core_algos.rollout_is_weights(
+                batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
+                algo.rollout_is, algo.rollout_is_cap,
+            )
+            metrics.update(is_metrics)
         with timer("reward", metrics):  # adds only the verifier time not hidden above
             batch, reward_metrics = apply_scores(batch, pending.result(), cfg)
             metrics.update(reward_metrics)
@@ -205,7 +211,7 @@ def rl_step(
                 metrics.update(critic.update_critic(batch.clone(), seed=step_seed))
         with timer("update_actor", metrics):
             metrics.update(worker.update_actor(batch.clone(), seed=step_seed))
-    metrics.update(compute_data_metrics(batch, metrics["timing_s/step"]))
+    metrics.update(compute_data_metrics(batch, metrics["timing_s/step"], metrics["timing_s/gen"]))
     return metrics
 
 

@@ -14,8 +14,11 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     return {f"{prefix}/mean": float(values.mean()), f"{prefix}/max": float(values.max()), f"{prefix}/min": float(values.min())}
 
 
-def compute_data_metrics(batch: Batch, step_time_s: float) -> dict[str, float]:
+def compute_data_metrics(batch: Batch, step_time_s: float, gen_time_s: float | None = None) -> dict[str, float]:
     """Scores, rewards, advantages, lengths, log-prob drift and throughput of one step.
+
+    ``gen_time_s``: wall time of generation, for ``perf/rollout_tokens_per_s`` (sampled
+    response tokens per second, over all workers).
 
     Token statistics use valid response tokens of valid samples only.
     """
@@ -44,4 +47,6 @@ def compute_data_metrics(batch: Batch, step_time_s: float) -> dict[str, float]:
     num_tokens = float(batch["attention_mask"].sum())
     metrics["perf/total_num_tokens"] = num_tokens
     metrics["perf/throughput"] = num_tokens / max(step_time_s, 1e-9)
+    if gen_time_s is not None:
+        metrics["perf/rollout_tokens_per_s"] = float(mask.sum()) / max(gen_time_s, 1e-9)
     return metrics
