@@ -126,6 +126,38 @@ def test_two_fsdp_workers_update_like_one(tmp_path, tiny_model_dir, local_ray):
         two.shutdown()
 
 
+def test_vllm_engines_in_two_fsdp_workers_follow_every_update(tmp_path, tiny_model_dir, local_ray):
+    """Each rank's in-process vLLM engine samples for its chunk; after an update the
+    weights gathered from the FSDP shards are in every engine: the engines' sampling
+    log-probs equal the sharded actor's recomputed ones."""
+    from mmrl.hybrid.ray_group import RayWorkerGroup, ResourcePool
+
+    cfg = short_cfg(
+        tmp_path, tiny_model_dir, "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.kv_cache_memory_gib=0.0625", "actor_rollout_ref.actor.lr=1e-2",
+    )
+    two = RayWorkerGroup.spawn(
+        ResourcePool(1, 2, cpus_per_worker=1), "actor", ActorRolloutRefWorker, cfg, tiny_model_dir, True,
+        device_type="cpu", timeout_s=60,
+    )
+    try:
+        vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+        batch = update_batch(8, vocab)
+        prompts = Batch.from_dict({k: batch[k][:7, :5] for k in ("input_ids", "attention_mask", "position_ids")})
+        sampling = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+        before = two.generate_sequences(prompts, sampling)
+        assert len(before) == 7  # 7 prompts over 2 ranks: padded, then cut back
+        two.update_actor(batch, seed=1)  # a large step: the sampled distribution moves
+        after = two.generate_sequences(prompts, sampling)
+        recomputed = two.compute_log_prob(after)
+        mask = after["response_mask"].bool()
+        assert (after["rollout_log_probs"] - recomputed).abs()[mask].max() < 1e-4
+        stale = two.compute_log_prob(before)  # the old samples under the new weights
+        assert (before["rollout_log_probs"] - stale).abs()[before["response_mask"].bool()].max() > 1e-3
+    finally:
+        two.shutdown()
+
+
 def test_killed_worker_is_named_with_its_step(tmp_path, tiny_model_dir, local_ray, monkeypatch):
     from mmrl.trainer import fit as fit_module
 
