@@ -158,4 +158,37 @@ class WorldModelLatentTask(Task):
         return make_env(self.cfg.env, **self.cfg.env_config)
 
 
-__all__ = ["FrameWindows", "WorldModelLatentConfig", "WorldModelLatentTask"]
+def evaluate_latent_policy(cfg: RunConfig, model_path: str | Path, greedy: bool, seed: int = 0) -> dict[str, float]:
+    """Held-out metrics of a latent policy folder with the run's verifiers (``cfg.reward``).
+
+    ``greedy`` predicts each frame's mean; otherwise frames are sampled at
+    ``rollout.val_kwargs.temperature`` with ``seed``. The same prompts, decoding and
+    verifiers as validation in the fit loop, so a base and a tuned policy compare
+    like for like. Keys: ``score`` and each verifier's metrics (``psnr/mean``, ...).
+    """
+    from contextlib import closing
+
+    import numpy as np
+
+    from mmrl.rollout import SamplingParams
+    from mmrl.rollout.latent import LatentRollout
+    from mmrl.verifiers import VerifierRunner
+
+    task = WorldModelLatentTask(cfg.task)
+    processor = task.build_prompt_processor(Path(model_path), cfg)
+    prompts = processor.encode_dataset(task.build_data(seed).val, "val")
+    engine = LatentRollout(GaussianLatentPolicy.from_pretrained(model_path))
+    sampling = SamplingParams(
+        **processor.sampling_overrides(), do_sample=not greedy,
+        temperature=cfg.actor_rollout_ref.rollout.val_kwargs.temperature, seed=seed,
+    )
+    batch = processor.decode(engine.generate(prompts, sampling))
+    with closing(VerifierRunner.from_config(cfg.reward)) as runner:
+        out = runner.run(batch)
+    metrics = {k.removeprefix("reward/"): float(np.mean(v)) for k, v in out.metrics.items()
+               if "/errors" not in k and "timing" not in k}  # fmt: skip
+    metrics["score"] = float(np.mean(out.scores))
+    return metrics
+
+
+__all__ = ["FrameWindows", "WorldModelLatentConfig", "WorldModelLatentTask", "evaluate_latent_policy"]
