@@ -53,7 +53,8 @@ def load_policy(path: str | Path, dtype: str = "float32") -> tuple[torch.nn.Modu
     anything else is a transformers causal LM with its tokenizer.
     """
     if (Path(path) / "latent_policy.json").is_file():
-        from mmrl.worldmodel.latent_policy import GaussianLatentPolicy  # imports diffusers: only when needed
+        # Imported here: it loads diffusers, which an LM run never needs.
+        from mmrl.worldmodel.latent_policy import GaussianLatentPolicy
 
         return GaussianLatentPolicy.from_pretrained(path).to(DTYPES[dtype]), None
     return load_causal_lm(path, dtype), AutoTokenizer.from_pretrained(path, local_files_only=True)
