@@ -42,3 +42,26 @@ def test_push_goals_and_a_latent_world_model_in_the_loop():
     assert out.shape == (3, 3, 32, 32, 3) and out.dtype == np.uint8
     result = run_episode(env, "reach", seed=1, cfg=PlannerConfig(candidates=4, horizon=2, max_steps=3), predictor=predictor)
     assert set(result) == {"success", "steps", "final_cost"} and result["steps"] <= 3
+
+
+def test_a_token_world_model_predicts_frames_for_the_planner():
+    from mmrl.worldmodel.planner import TokenPredictor
+    from mmrl.worldmodel.token_lm import (
+        TokenLMConfig,
+        TokenWorldModelProcessor,
+        build_token_world_model,
+    )
+    from mmrl.worldmodel.tokenizer import VQConfig, VQTokenizer, build_vq_model
+    from mmrl.worldmodel.vocab import VocabLayout
+
+    env = make_env("grid")
+    torch.manual_seed(0)
+    tok = VQTokenizer(build_vq_model(VQConfig(codebook_size=16, block_out_channels=[8, 8, 8]), 32))
+    proc = TokenWorldModelProcessor(VocabLayout(16, tok.grid, env.action_spec), context=2, future=1)
+    model = build_token_world_model(proc, TokenLMConfig(64, 64, 1, 1, 1, max_position_embeddings=512))
+    predictor = TokenPredictor(model, proc, tok)
+    frames = np.stack([env.reset(0), env.step(1)])
+    out = predictor.predict(frames[None].repeat(2, 0), np.ones((2, 2 + 2 - 1, 1), np.float32))
+    assert out.shape == (2, 2, 32, 32, 3) and out.dtype == np.uint8
+    result = run_episode(env, "reach_goal", seed=0, cfg=PlannerConfig(candidates=2, horizon=2, max_steps=2), predictor=predictor)
+    assert result["steps"] <= 2

@@ -22,7 +22,8 @@ Tasks (:func:`make_goal`):
 A world model enters through one function, :class:`FramePredictor`:
 ``predict(context_frames uint8 [N, K, H, W, 3], actions float32 [N, K+T-1, A]) ->
 frames uint8 [N, T, H, W, 3]``. :class:`LatentPredictor` wraps the latent policy and
-its autoencoder (mean predictions); :class:`SimulatorPredictor` replays the true
+its autoencoder (mean predictions); :class:`TokenPredictor` a token world model and
+its VQ tokenizer (greedy tokens); :class:`SimulatorPredictor` replays the true
 environment (an upper bound for any learned model); ``policy="random"`` is the
 baseline without a model.
 """
@@ -69,6 +70,34 @@ class LatentPredictor:
             z = torch.cat([z, mean.unsqueeze(1)], dim=1)
         frames = self.ae.decode(torch.stack(preds, 1).flatten(0, 1), batch_size=self.batch_size)
         return frames.reshape(n, t, *frames.shape[1:])
+
+
+class TokenPredictor:
+    """Greedy, visual-token-constrained predictions of a token world model, decoded by its VQ tokenizer.
+
+    ``model``, ``processor`` as from :func:`~mmrl.worldmodel.token_lm.load_token_world_model`
+    (its ``context`` is used; the horizon comes from the actions), ``tokenizer`` a
+    :class:`~mmrl.worldmodel.tokenizer.VQTokenizer`. Undecodable predictions are black
+    frames, which show no valid state and so cost the planner the most.
+    """
+
+    def __init__(self, model, processor, tokenizer) -> None:
+        self.model, self.processor, self.tokenizer = model, processor, tokenizer
+        self.context = processor.context
+
+    @torch.no_grad()
+    def predict(self, context_frames: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        from mmrl.worldmodel.pretrain import greedy_responses
+        from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
+
+        n, k = context_frames.shape[:2]
+        proc = TokenWorldModelProcessor(self.processor.layout, k, actions.shape[1] - k + 1)
+        codes = self.tokenizer.encode(context_frames.reshape(-1, *context_frames.shape[2:]))
+        codes = codes.reshape(n, k, *codes.shape[1:])
+        prompts = torch.tensor([proc.build_prompt(codes[i], actions[i]) for i in range(n)])
+        responses = greedy_responses(self.model, prompts, proc)
+        frames, _, _ = proc.decode_frames(responses.tolist(), self.tokenizer)
+        return frames
 
 
 class SimulatorPredictor:
