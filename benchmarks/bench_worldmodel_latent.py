@@ -6,8 +6,8 @@ The base (data, autoencoder, MLE-pretrained policy) is made once under
 ``task.work_dir`` and shared by every seed; each seed runs ``mmrl train
 task=worldmodel_latent`` with ``trainer.seed=<seed>``. Base and tuned policies are
 evaluated on the same held-out windows with the same decoding, both sampled and
-greedy (the mean latent), next to copying the last context frame (the trivial world
-model). With ``--planner-episodes N`` the planner (random shooting on the push
+greedy (the mean latent), next to the trivial world models: copying the last context
+frame's pixels, and copying its latent (decoded by the same autoencoder). With ``--planner-episodes N`` the planner (random shooting on the push
 world's ``reach`` task) also runs with each model, with the true simulator and at random.
 """
 
@@ -42,6 +42,18 @@ def copy_last_frame(cfg) -> dict[str, float]:
         out = runner.run(batch)
     metrics = {k.removeprefix("reward/"): float(np.mean(v)) for k, v in out.metrics.items()}
     return {**metrics, "score": float(np.mean(out.scores))}
+
+
+def copy_last_latent(cfg, base: Path, tmp: Path) -> dict[str, float]:
+    """The trivial world model in latent space: an untrained policy's mean is the last
+    context latent (its output layer starts at zero), decoded by the same autoencoder."""
+    from mmrl.worldmodel.latent_policy import GaussianLatentPolicy
+
+    trained = GaussianLatentPolicy.from_pretrained(base)
+    copy = GaussianLatentPolicy(trained.cfg)
+    copy.name_or_path = str(base)  # save_pretrained copies its autoencoder/
+    copy.save_pretrained(tmp / "copy_last_latent")
+    return evaluate_latent_policy(cfg, tmp / "copy_last_latent", greedy=True)
 
 
 def planner_rows(cfg, models: dict[str, str], episodes: int) -> dict[str, dict[str, float]]:
@@ -88,7 +100,8 @@ def main() -> None:
                 if seed == args.seeds[0]:
                     rows.setdefault(("MLE base", decoding), []).append(evaluate_latent_policy(eval_cfg, base, greedy))
                 rows.setdefault(("GRPO", decoding), []).append(evaluate_latent_policy(eval_cfg, out / "actor", greedy))
-        rows[("copy last frame", "-")] = [copy_last_frame(eval_cfg)]
+        rows[("copy last frame (pixels)", "-")] = [copy_last_frame(eval_cfg)]
+        rows[("copy last latent (through the AE)", "greedy")] = [copy_last_latent(eval_cfg, base, Path(tmp))]
         print(f"\nheld-out windows: {args.eval_windows}; GRPO rows: mean ± std over seeds {args.seeds}\n")
         print("| model | decoding | score -(MAE+LPIPS) | MAE | LPIPS | PSNR dB | SSIM | state match |")
         print("|---|---|---|---|---|---|---|---|")
