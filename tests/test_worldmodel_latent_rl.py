@@ -133,7 +133,8 @@ def test_train_worldmodel_latent_runs_steps(tmp_path_factory):
     result = fit(cfg)
     row = result.history[-1]
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "val/score/mean",
-                "val/psnr/mean", "val/ssim/mean", "val/lpips/mean", "val/state_match/mean"):
+                "val/psnr/mean", "val/ssim/mean", "val/lpips/mean", "val/state_match/mean",
+                "val/greedy/score/mean", "val/greedy/psnr/mean", "val/greedy/state_match/mean"):
         assert np.isfinite(row[key]), key
     assert row["response_length/mean"] == 2 and row["prompt_length/mean"] == 2
     assert max(result.series("rollout/logprob_diff_max")) < 1e-3
