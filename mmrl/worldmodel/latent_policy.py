@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
+from mmrl.protocol import Batch
 from mmrl.worldmodel.data import TrajectoryDataset
 from mmrl.worldmodel.latent_ae import LatentAutoencoder
 
@@ -115,7 +116,7 @@ class GaussianLatentPolicy(nn.Module):
         return z, gaussian_log_prob(z, mean, log_std)
 
     def response_log_probs(
-        self, batch, temperature: float = 1.0, with_entropy: bool = False
+        self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-densities ``[B, F]`` of ``batch["response_latents"]`` (and entropies ``[B, F]``).
 
