@@ -46,6 +46,20 @@ def load_causal_lm(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True)
 
 
+def load_policy(path: str | Path, dtype: str = "float32") -> tuple[torch.nn.Module, object | None]:
+    """The actor and its tokenizer from a local folder; the folder's files say which kind.
+
+    A latent world-model policy (``latent_policy.json``) has no tokenizer (``None``);
+    anything else is a transformers causal LM with its tokenizer.
+    """
+    if (Path(path) / "latent_policy.json").is_file():
+        # Imported here: it loads diffusers, which an LM run never needs.
+        from mmrl.worldmodel.latent_policy import GaussianLatentPolicy
+
+        return GaussianLatentPolicy.from_pretrained(path).to(DTYPES[dtype]), None
+    return load_causal_lm(path, dtype), AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
 def local_mini_batch_size(global_size: int, world_size: int, key: str) -> int:
     """Samples per optimizer step on one rank; every rank takes an equal share."""
     if global_size % world_size:
@@ -65,8 +79,8 @@ class ActorRolloutRefWorker:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = fsdp.device()
         mp_policy = fsdp.mixed_precision_policy(cfg.trainer.mixed_precision, self.device.type)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-        model = load_causal_lm(model_path, arr.model.dtype).to(self.device)
+        model, self.tokenizer = load_policy(model_path, arr.model.dtype)
+        model = model.to(self.device)
         ref = copy.deepcopy(model).eval().requires_grad_(False) if need_ref else None
         self.model = fsdp.shard_model(model, mp_policy)
         self.ref_model = fsdp.shard_model(ref, mp_policy) if ref is not None else None
@@ -151,7 +165,8 @@ class ActorRolloutRefWorker:
         state = fsdp.full_state_dict(self.model, on_every_rank=False)
         if self.rank == 0:
             self.model.save_pretrained(path, state_dict=state, safe_serialization=True)
-            self.tokenizer.save_pretrained(path)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(path)
         return path
 
     @register(Dispatch.ALL)

@@ -1,6 +1,6 @@
 """Rollout engines behind one interface: ``generate(batch, sampling) -> batch``."""
 
-from mmrl.rollout import hf  # noqa: F401  (registers the engine)
+from mmrl.rollout import hf, latent  # noqa: F401  (registers the engines)
 from mmrl.rollout.base import (
     ROLLOUT_ENGINES,
     RolloutEngine,

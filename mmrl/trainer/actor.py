@@ -26,8 +26,13 @@ def forward_response_log_probs(
     """Log-probs [b, T] of ``batch["responses"]`` under ``model`` (and entropy [b, T]).
 
     Logits are divided by ``temperature`` so they describe the same distribution
-    the rollout sampled from.
+    the rollout sampled from. A policy whose steps are not tokens (a latent policy)
+    defines ``response_log_probs(batch, temperature, with_entropy)`` with the same
+    contract, and is called instead.
     """
+    own = getattr(model, "response_log_probs", None)
+    if own is not None:
+        return own(batch, temperature, with_entropy)
     responses = batch["responses"]
     logits = model(**{k: batch[k] for k in MODEL_INPUTS}, use_cache=False).logits
     # The logit at position i predicts token i + 1: the last T+1..1 positions score the response.

@@ -150,6 +150,7 @@ class TrainerConfig:
     test_freq: int = 10
     save_freq: int = 0
     val_before_train: bool = True
+    val_greedy: bool = False  # also validate with greedy decoding (metrics val/greedy/*)
     output_dir: str = "outputs/run"
     experiment_name: str = "run"
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])

@@ -216,21 +216,34 @@ def rl_step(
 
 
 def validate(
-    cfg: RunConfig, val_prompts: Batch, worker: WorkerGroup, processor: PromptProcessor, runner: VerifierRunner
+    cfg: RunConfig, val_prompts: Batch, worker: WorkerGroup, processor: PromptProcessor, runner: VerifierRunner,
+    greedy: bool = False,
 ) -> dict[str, float]:
-    """Score held-out prompts with ``rollout.val_kwargs`` sampling."""
+    """Score held-out prompts with ``rollout.val_kwargs`` sampling (``val/*``), or greedily (``val/greedy/*``)."""
     vk = cfg.actor_rollout_ref.rollout.val_kwargs
     scores, metrics_sum = [], {}
     for i, chunk in enumerate(val_prompts.split(cfg.data.val_batch_size)):
-        out = worker.generate_sequences(chunk.repeat(vk.n), sampling_params(cfg, processor, cfg.trainer.seed + 7919 * i, validate=True))
+        params = sampling_params(cfg, processor, cfg.trainer.seed + 7919 * i, validate=True, greedy=greedy)
+        out = worker.generate_sequences(chunk if greedy else chunk.repeat(vk.n), params)
         out, m = score(out, processor, cfg, runner)
         scores.append(out["token_level_scores"].sum(-1))
         for k, v in m.items():
             metrics_sum[k] = metrics_sum.get(k, 0.0) + v * len(out)
     total = sum(len(s) for s in scores)
     all_scores = torch.cat(scores)
-    metrics = {f"val/{k.removeprefix('reward/')}": v / total for k, v in metrics_sum.items()}
-    metrics["val/score/mean"] = float(all_scores.mean())
+    prefix = "val/greedy" if greedy else "val"
+    metrics = {f"{prefix}/{k.removeprefix('reward/')}": v / total for k, v in metrics_sum.items()}
+    metrics[f"{prefix}/score/mean"] = float(all_scores.mean())
+    return metrics
+
+
+def validate_all(
+    cfg: RunConfig, val_prompts: Batch, worker: WorkerGroup, processor: PromptProcessor, runner: VerifierRunner
+) -> dict[str, float]:
+    """:func:`validate`, plus its greedy version when ``trainer.val_greedy`` is set."""
+    metrics = validate(cfg, val_prompts, worker, processor, runner)
+    if cfg.trainer.val_greedy:
+        metrics.update(validate(cfg, val_prompts, worker, processor, runner, greedy=True))
     return metrics
 
 
@@ -266,7 +279,7 @@ def fit(cfg: RunConfig) -> RunResult:
     runner = VerifierRunner.from_config(cfg.reward)
     with workers, closing(runner):  # stops worker processes however the run ends
         if cfg.trainer.val_before_train:
-            tracker.log({**init_metrics, **validate(cfg, val_prompts, worker, processor, runner)}, step=0)
+            tracker.log({**init_metrics, **validate_all(cfg, val_prompts, worker, processor, runner)}, step=0)
         bar = tqdm(range(1, cfg.trainer.total_steps + 1), desc="rl", disable=not cfg.trainer.progress_bar)
         for step in bar:
             workers.set_step(step)  # a worker failure names the step
@@ -274,7 +287,7 @@ def fit(cfg: RunConfig) -> RunResult:
             last = step == cfg.trainer.total_steps
             if cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or last):
                 with timer("testing", metrics):
-                    metrics.update(validate(cfg, val_prompts, worker, processor, runner))
+                    metrics.update(validate_all(cfg, val_prompts, worker, processor, runner))
             if cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0 and not last:
                 worker.save_pretrained(cfg.output_dir / f"global_step_{step}" / "actor")
             tracker.log(metrics, step)

@@ -5,10 +5,10 @@ Public surface: the output type and registry (``VerifierOutput``, ``register_ver
 group ``mmrl.verifiers``, ``module:function``, ``file.py:function``), the runner
 (``VerifierRunner``, ``score_batch``), frame helpers and the closed-loop interface.
 Built-ins: exact_answer, format, math_answer, psnr, ssim, mae, mse, lpips, lpips_vgg,
-closed_loop. See docs/verifiers.md.
+closed_loop, state_match. See docs/verifiers.md.
 """
 
-from mmrl.verifiers import closed_loop, image, lpips, reasoning, text  # noqa: F401  (register built-ins)
+from mmrl.verifiers import closed_loop, image, lpips, reasoning, state_match, text  # noqa: F401  (register built-ins)
 from mmrl.verifiers.base import (
     VERIFIERS,
     RunOptions,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,10 +22,13 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm.auto import tqdm
 
+from mmrl.protocol import Batch
 from mmrl.worldmodel.data import TrajectoryDataset
 from mmrl.worldmodel.latent_ae import LatentAutoencoder
 
 WEIGHTS_FILE, CONFIG_FILE = "latent_policy.safetensors", "latent_policy.json"
+# The autoencoder that defines the latent space travels with the policy, as a tokenizer does with an LM.
+AUTOENCODER_DIR = "autoencoder"
 
 
 @dataclass
@@ -40,16 +44,29 @@ class LatentPolicyConfig:
     max_log_std: float = 1.0
 
 
+class ConvBody(nn.Sequential):
+    """The hidden conv layers: the block FSDP2 shards as one unit."""
+
+
 class GaussianLatentPolicy(nn.Module):
-    """``p(z[K] | z[0:K], a[0:K]) = N(mean, diag(std^2))`` with ``mean`` a residual on ``z[K-1]``."""
+    """``p(z[K] | z[0:K], a[0:K]) = N(mean, diag(std^2))`` with ``mean`` a residual on ``z[K-1]``.
+
+    RL hooks: :meth:`response_log_probs` scores a rollout's latents (the actor calls it
+    instead of the LM path), ``_no_split_modules`` names the block FSDP2 shards, and
+    :meth:`save_pretrained` / :meth:`from_pretrained` read and write a folder that the
+    worker loads (``latent_policy.json`` marks it).
+    """
+
+    _no_split_modules = ("ConvBody",)
 
     def __init__(self, cfg: LatentPolicyConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        self.name_or_path: str | None = None
         c, k = cfg.latent_channels, cfg.context
         self.action_embed = nn.Linear(k * cfg.action_dim, cfg.hidden)
         self.inp = nn.Conv2d(k * c, cfg.hidden, 3, padding=1)
-        self.body = nn.Sequential(
+        self.body = ConvBody(
             nn.SiLU(), nn.Conv2d(cfg.hidden, cfg.hidden, 3, padding=1),
             nn.SiLU(), nn.Conv2d(cfg.hidden, cfg.hidden, 3, padding=1), nn.SiLU(),
         )  # fmt: skip
@@ -94,29 +111,83 @@ class GaussianLatentPolicy(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A next latent ``[B, C, h, w]`` (the mean if ``greedy``) and its log-density ``[B]``."""
         mean, log_std = self(context, actions)
-        noise = torch.zeros_like(mean) if greedy else torch.randn(mean.shape, generator=generator)
+        noise = torch.zeros_like(mean) if greedy else torch.randn(mean.shape, generator=generator).to(mean.device)
         z = mean + noise * log_std.exp()
         return z, gaussian_log_prob(z, mean, log_std)
 
-    def save_pretrained(self, path: str | Path) -> None:
+    def response_log_probs(
+        self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-densities ``[B, F]`` of ``batch["response_latents"]`` (and entropies ``[B, F]``).
+
+        Teacher-forced: step ``f`` is scored given the K latents before it (context
+        latents, then the batch's own earlier response latents) and ``actions[:, f:f+K]``,
+        exactly as :class:`~mmrl.rollout.latent.LatentRollout` sampled it. ``temperature``
+        scales the standard deviation. Entropy is the Gaussian's, summed over dims.
+        """
+        mean, log_std = self.step_distributions(
+            batch["context_latents"], batch["actions"], batch["response_latents"]
+        )
+        log_std = log_std + math.log(temperature)
+        z = batch["response_latents"]
+        b, f = z.shape[:2]
+        log_probs = gaussian_log_prob(z.flatten(0, 1), mean.flatten(0, 1), log_std.flatten(0, 1)).view(b, f)
+        entropy = None
+        if with_entropy:
+            entropy = (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).flatten(2).sum(-1)
+        return log_probs, entropy
+
+    def step_distributions(
+        self, context: torch.Tensor, actions: torch.Tensor, responses: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``mean``, ``log_std`` ``[B, F, C, h, w]`` of every response step in one forward.
+
+        ``context [B, K, C, h, w]``, ``actions [B, K+F-1, A]``, ``responses [B, F, C, h, w]``.
+        """
+        k, f = context.shape[1], responses.shape[1]
+        if actions.shape[1] != k + f - 1:
+            raise ValueError(
+                f"{f} response latents after {k} context latents need {k + f - 1} actions, "
+                f"found actions {list(actions.shape)}"
+            )
+        seq = torch.cat([context, responses[:, :-1]], dim=1)  # [B, K+F-1, C, h, w]
+        ctx = torch.stack([seq[:, i : i + k] for i in range(f)], dim=1).flatten(0, 1)
+        act = torch.stack([actions[:, i : i + k] for i in range(f)], dim=1).flatten(0, 1)
+        mean, log_std = self(ctx, act)
+        return mean.unflatten(0, (-1, f)), log_std.unflatten(0, (-1, f))
+
+    def save_pretrained(self, path: str | Path, state_dict: dict | None = None, **_: object) -> None:
+        """Write ``latent_policy.safetensors`` + ``latent_policy.json`` (``state_dict``: the
+        gathered weights of a sharded policy) and copy the ``autoencoder/`` it was loaded with."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        save_file(
-            {k: v.contiguous() for k, v in self.state_dict().items()}, str(path / WEIGHTS_FILE)
-        )
+        state = self.state_dict() if state_dict is None else state_dict
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / WEIGHTS_FILE))
         (path / CONFIG_FILE).write_text(json.dumps(asdict(self.cfg), indent=1))
+        source = Path(self.name_or_path or "") / AUTOENCODER_DIR
+        if self.name_or_path and source.is_dir() and source.resolve() != (path / AUTOENCODER_DIR).resolve():
+            shutil.copytree(source, path / AUTOENCODER_DIR, dirs_exist_ok=True)
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> GaussianLatentPolicy:
         path = Path(path)
+        if not (path / CONFIG_FILE).is_file():
+            raise FileNotFoundError(f"{path} holds no {CONFIG_FILE}: not a latent policy folder")
         policy = cls(LatentPolicyConfig(**json.loads((path / CONFIG_FILE).read_text())))
         policy.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
+        policy.name_or_path = str(path)
         return policy
+
+
+def is_latent_policy_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a folder written by :meth:`GaussianLatentPolicy.save_pretrained`."""
+    return (Path(path) / CONFIG_FILE).is_file()
 
 
 def gaussian_log_prob(z: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
     """``sum_d log N(z_d; mean_d, exp(log_std_d)^2)`` over all dims but the first: ``[B]``."""
-    per_dim = -0.5 * ((z - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+    # The same expression as the latent rollout engine's, so rollout and training agree.
+    per_dim = -0.5 * ((z - mean) * torch.exp(-log_std)) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
     return per_dim.flatten(1).sum(1)
 
 

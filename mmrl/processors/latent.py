@@ -1,0 +1,106 @@
+"""Latent world-model prompts: context frames + actions in, AE latents; latents out, frames.
+
+A prompt is one window of a trajectory: K context frames, the K+F-1 actions that lead
+to its last future frame, and the F true future frames (the verifiers' targets). The
+processor encodes the context frames with the latent autoencoder; the latent rollout
+engine (:mod:`mmrl.rollout.latent`) samples F future latents; :meth:`decode` turns them
+back into frames for the frame verifiers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmrl.protocol import Batch
+from mmrl.worldmodel.data import TrajectoryDataset
+from mmrl.worldmodel.latent_ae import LatentAutoencoder
+
+
+@dataclass
+class FrameWindows:
+    """Windows of K context and F future frames from a trajectory dataset.
+
+    context: uint8 [M, K, H, W, 3]. actions: float32 [M, K+F-1, A]. future: uint8 [M, F, H, W, 3].
+    sources: one dict per window: ``trajectory`` (index), ``seed`` (its env seed), ``start`` (frame).
+    """
+
+    context: np.ndarray
+    actions: np.ndarray
+    future: np.ndarray
+    sources: list[dict[str, int]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.context)
+
+
+def frame_windows(dataset_dir: str | Path, context: int, future: int, max_windows: int | None = None) -> FrameWindows:
+    """Every window of a trajectory dataset (or ``max_windows`` of them, evenly spaced, in order)."""
+    data = TrajectoryDataset(dataset_dir)
+    frames, actions = data.all_frames(), data.all_actions()
+    n, t = frames.shape[:2]
+    span = context + future
+    if t < span:
+        raise ValueError(f"{dataset_dir}: trajectories have {t} frames, fewer than context + future = {span}")
+    starts = [(i, s) for i in range(n) for s in range(t - span + 1)]
+    if max_windows is not None and max_windows < len(starts):
+        pick = np.linspace(0, len(starts) - 1, max_windows).round().astype(int)
+        starts = [starts[j] for j in pick]
+    seeds = data.index["seeds"]
+    return FrameWindows(
+        context=np.stack([frames[i, s : s + context] for i, s in starts]),
+        actions=np.stack([actions[i, s : s + span - 1] for i, s in starts]).astype(np.float32),
+        future=np.stack([frames[i, s + context : s + span] for i, s in starts]),
+        sources=[{"trajectory": i, "seed": int(seeds[i]), "start": s} for i, s in starts],
+    )
+
+
+class LatentWorldModelProcessor:
+    """Encodes :class:`FrameWindows` into latent prompts and decodes sampled latents into frames."""
+
+    pad_token_id = 0  # no tokens: kept for the processor interface
+
+    def __init__(self, ae: LatentAutoencoder, context: int, future: int) -> None:
+        self.ae, self.context, self.future = ae, context, future
+
+    def encode_dataset(self, windows: FrameWindows, split: str) -> Batch:
+        """``context_latents [M, K, C, h, w]``, ``actions [M, K+F-1, A]``, ``gt_frames uint8 [M, F, H, W, 3]``,
+        ``attention_mask``/``position_ids [M, K]`` (one position per context frame), ``extra_info``."""
+        if len(windows) == 0:
+            raise ValueError(f"the {split} set has no windows: check the task's data settings")
+        m, k = windows.context.shape[:2]
+        f = windows.future.shape[1]
+        if (k, f) != (self.context, self.future) or windows.actions.shape[1] != k + f - 1:
+            raise ValueError(
+                f"{split} windows have {k} context frames, {f} future frames and {windows.actions.shape[1]} "
+                f"actions; the processor expects {self.context}, {self.future} and {self.context + self.future - 1}"
+            )
+        latents = self.ae.encode(windows.context.reshape(-1, *windows.context.shape[2:]))
+        mask = torch.ones(m, k, dtype=torch.long)
+        return Batch.from_dict(
+            tensors={
+                "context_latents": latents.reshape(m, k, *latents.shape[1:]),
+                "actions": torch.from_numpy(windows.actions),
+                "gt_frames": torch.from_numpy(windows.future),
+                "attention_mask": mask,
+                "position_ids": torch.arange(k).expand(m, k).clone(),
+            },
+            non_tensor={"extra_info": np.asarray(windows.sources or [{}] * m, dtype=object)},
+            meta={"num_filtered_prompts": 0},
+        )
+
+    def decode(self, batch: Batch) -> Batch:
+        """Add ``pred_frames uint8 [B, F, H, W, 3]``: the response latents through the AE decoder."""
+        latents = batch["response_latents"]
+        b, f = latents.shape[:2]
+        frames = self.ae.decode(latents.detach().float().cpu().flatten(0, 1))
+        batch["pred_frames"] = torch.from_numpy(frames).reshape(b, f, *frames.shape[1:])
+        return batch
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        """Exactly F latent steps per response."""
+        return {"max_tokens": self.future, "min_tokens": self.future}
