@@ -1,0 +1,207 @@
+"""Held-out evaluation of a token world model, the closed-loop ``state_match`` score,
+and the ``mmrl eval`` command.
+
+Metrics per predicted frame, averaged over frames and windows: PSNR (dB), SSIM,
+LPIPS (AlexNet), MAE (pixel units in [0, 1]), and, where the environment is known,
+state match: whether the state read from the predicted frame by the renderer's exact
+inverse (``state_from_frame``) equals the true one. The same functions as the reward
+verifiers compute them, so evaluation and reward agree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from mmrl.verifiers.closed_loop import ClosedLoopSample, register_task_score
+from mmrl.worldmodel.envs import make_env, states_equal
+from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
+from mmrl.worldmodel.tokenizer import VQTokenizer
+
+TOKENIZER_SUBDIR = "vq_tokenizer"  # a world-model checkpoint carries its VQ tokenizer here
+METRICS = ("psnr", "ssim", "lpips", "mae", "state_match", "valid")
+
+
+@lru_cache(maxsize=8)
+def _env(spec_json: str):
+    spec = json.loads(spec_json)
+    return make_env(spec["name"], **spec.get("config", {}))
+
+
+def env_from_spec(spec: dict[str, Any]):
+    """A (cached) environment from ``{"name", "config"}``; used only for its pure functions."""
+    return _env(json.dumps(spec, sort_keys=True))
+
+
+@register_task_score("state_match")
+def state_match(sample: ClosedLoopSample) -> float:
+    """Fraction of predicted frames whose observed state equals the true one.
+
+    ``sample.env`` is ``{"name", "config"}``; ``sample.ground_truth`` the true observed
+    states, one per future frame (set by the world-model processor).
+    """
+    env = env_from_spec(sample.env)
+    frames = (sample.predicted_frames.clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
+    if np.isnan(sample.predicted_frames.cpu().numpy()).any():
+        return float("nan")  # an undecodable response: invalid, not a score
+    truths = sample.ground_truth
+    return float(np.mean([states_equal(env.state_from_frame(f), t) for f, t in zip(frames, truths, strict=True)]))
+
+
+@torch.no_grad()
+def generate(
+    model: PreTrainedModel, prompts: torch.Tensor, processor: TokenWorldModelProcessor,
+    greedy: bool, temperature: float = 1.0, seed: int = 0, batch_size: int = 64,
+) -> torch.Tensor:
+    """Responses ``int64 [N, F*h*w]`` constrained to visual tokens, greedy or sampled.
+
+    ``prompts [N, P]`` all have one length (world-model prompts do), so no padding.
+    Sampling draws from ``softmax(logits / temperature)`` over the visual ids, like the
+    rollout engines with ``allowed_token_ids``.
+    """
+    allowed = torch.zeros(model.config.vocab_size, dtype=torch.bool)
+    allowed[processor.allowed_token_ids()] = True
+    gen = torch.Generator().manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    out = []
+    for s in range(0, len(prompts), batch_size):
+        ids, past, chunk = prompts[s : s + batch_size], None, []
+        for _ in range(processor.response_length):
+            result = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past = result.past_key_values
+            logits = result.logits[:, -1].float().masked_fill(~allowed, float("-inf"))
+            if greedy:
+                ids = logits.argmax(-1, keepdim=True)
+            else:
+                ids = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)
+            chunk.append(ids)
+        out.append(torch.cat(chunk, dim=1))
+    model.train(was_training)
+    return torch.cat(out)
+
+
+def frame_scores(pred: np.ndarray, truth: np.ndarray, valid: np.ndarray, env: dict | None) -> dict[str, np.ndarray]:
+    """Per-window scores ``[N]`` (mean over its F frames) of ``pred``/``truth`` uint8 [N, F, H, W, 3].
+
+    Invalid windows (``valid`` False) get NaN; ``state_match`` is NaN without an env.
+    """
+    from mmrl.verifiers.image import mae_per_frame, psnr_per_frame, ssim_per_frame
+    from mmrl.verifiers.lpips import lpips_per_frame
+
+    n, f = pred.shape[:2]
+    p = torch.from_numpy(pred.reshape(n * f, *pred.shape[2:])).permute(0, 3, 1, 2).float() / 255
+    t = torch.from_numpy(truth.reshape(n * f, *truth.shape[2:])).permute(0, 3, 1, 2).float() / 255
+    scores = {}
+    with torch.inference_mode():
+        for name, fn in (("psnr", psnr_per_frame), ("ssim", ssim_per_frame), ("lpips", lpips_per_frame),
+                         ("mae", mae_per_frame)):
+            vals = torch.cat([fn(p[i : i + 256], t[i : i + 256]) for i in range(0, n * f, 256)])
+            scores[name] = vals.reshape(n, f).mean(1).double().numpy()
+    if env is not None:
+        e = env_from_spec(env)
+        match = [states_equal(e.state_from_frame(a), e.state_from_frame(b))
+                 for a, b in zip(pred.reshape(-1, *pred.shape[2:]), truth.reshape(-1, *truth.shape[2:]), strict=True)]
+        scores["state_match"] = np.asarray(match, dtype=float).reshape(n, f).mean(1)
+    else:
+        scores["state_match"] = np.full(n, np.nan)
+    for k in scores:
+        scores[k] = np.where(valid, scores[k], np.nan)
+    scores["valid"] = valid.astype(float)
+    return scores
+
+
+@dataclass
+class EvalResult:
+    """Mean metrics over windows (and samples), and the predictions ``uint8 [N, F, H, W, 3]``
+    of the first sample per window (for frame strips)."""
+
+    metrics: dict[str, float]
+    predictions: np.ndarray
+
+
+def evaluate_model(
+    model: PreTrainedModel, processor: TokenWorldModelProcessor, tokenizer: VQTokenizer, windows: Any,
+    greedy: bool, samples: int = 1, seed: int = 0, temperature: float = 1.0,
+) -> EvalResult:
+    """Predict every window's future (``samples`` times when sampling) and score it."""
+    from mmrl.processors.worldmodel import WorldModelPromptProcessor
+
+    prompts = WorldModelPromptProcessor(processor, tokenizer).encode_windows(windows)
+    runs = 1 if greedy else samples
+    per_run, first = [], None
+    for r in range(runs):
+        responses = generate(model, prompts, processor, greedy, temperature, seed + 7919 * r)
+        frames, valid, _ = processor.decode_frames(responses.tolist(), tokenizer)
+        first = frames if first is None else first
+        per_run.append(frame_scores(frames, windows.future, valid, windows.env))
+    metrics = {k: _nanmean(np.concatenate([s[k] for s in per_run])) for k in METRICS}
+    return EvalResult(metrics, first)
+
+
+def _nanmean(values: np.ndarray) -> float:
+    finite = values[~np.isnan(values)]
+    return float(finite.mean()) if len(finite) else float("nan")
+
+
+def load_checkpoint(model_dir: str | Path, tokenizer_dir: str | Path | None = None):
+    """``(model, processor, tokenizer)`` of a world-model checkpoint; the tokenizer comes from
+    ``tokenizer_dir`` or the checkpoint's own ``vq_tokenizer/``."""
+    from mmrl.worldmodel.token_lm import load_token_world_model
+
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"world-model checkpoint {model_dir} does not exist")
+    tok_dir = Path(tokenizer_dir) if tokenizer_dir else model_dir / TOKENIZER_SUBDIR
+    if not (tok_dir / "config.json").exists():
+        raise FileNotFoundError(
+            f"no VQ tokenizer at {tok_dir}: pass --tokenizer DIR (a folder written by train_vq_tokenizer)"
+        )
+    model, processor = load_token_world_model(model_dir)
+    tokenizer = VQTokenizer.from_pretrained(tok_dir)
+    processor.check_tokenizer(tokenizer)
+    return model.float().eval(), processor, tokenizer
+
+
+def compare_base_and_rl(
+    base_dir: Path, rl_dir: Path, windows: Any, settings: Any, seed: int, progress: bool = False
+) -> dict[str, Any]:
+    """Both checkpoints on the same held-out windows, with the same greedy and sampled decoding.
+
+    ``settings`` has ``samples`` and ``temperature``. Returns ``table``
+    (``{model: {decoding: metrics}}``) and ``predictions`` (``{model: uint8 [N, F, H, W, 3]}``,
+    greedy).
+    """
+    from tqdm.auto import tqdm
+
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    predictions = {}
+    jobs = [(m, d) for m in ("base", "rl") for d in ("greedy", "sampled")]
+    models = {}
+    for name, decoding in tqdm(jobs, desc="held-out eval", disable=not progress):
+        if name not in models:
+            models[name] = load_checkpoint(base_dir if name == "base" else rl_dir)
+        model, processor, tokenizer = models[name]
+        res = evaluate_model(model, processor, tokenizer, windows, decoding == "greedy", settings.samples,
+                             seed, settings.temperature)
+        table.setdefault(name, {})[decoding] = res.metrics
+        if decoding == "greedy":
+            predictions[name] = res.predictions
+    return {"table": table, "predictions": predictions}
+
+
+def format_table(rows: dict[str, dict[str, float]], title: str = "") -> str:
+    """A Markdown table: one row per name, columns PSNR, SSIM, LPIPS, MAE, state match, valid."""
+    head = "| " + (title or "model") + " | PSNR dB ↑ | SSIM ↑ | LPIPS ↓ | MAE ↓ | state match ↑ | valid |"
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    for name, m in rows.items():
+        lines.append(f"| {name} | {m['psnr']:.2f} | {m['ssim']:.4f} | {m['lpips']:.4f} | {m['mae']:.4f} | "
+                     f"{m['state_match']:.3f} | {m['valid']:.2f} |")
+    return "\n".join(lines)
