@@ -205,3 +205,85 @@ def format_table(rows: dict[str, dict[str, float]], title: str = "") -> str:
         lines.append(f"| {name} | {m['psnr']:.2f} | {m['ssim']:.4f} | {m['lpips']:.4f} | {m['mae']:.4f} | "
                      f"{m['state_match']:.3f} | {m['valid']:.2f} |")
     return "\n".join(lines)
+
+
+def reference_rows(windows: Any, tokenizer: VQTokenizer, future: int) -> dict[str, dict[str, float]]:
+    """Two references in token space: copying the last context frame (the trivial world
+    model) and the true future's own tokens (the tokenizer's ceiling), both decoded."""
+    size = tokenizer.frame_size
+    last = np.repeat(windows.context[:, -1:], future, axis=1)
+    ok = np.ones(len(windows), bool)
+    rows = {}
+    for name, frames in (("copy last context frame", last), ("tokenizer ceiling (true tokens)", windows.future)):
+        flat = tokenizer.decode(tokenizer.encode(frames.reshape(-1, size, size, 3))).reshape(frames.shape)
+        rows[name] = {k: _nanmean(v) for k, v in frame_scores(flat, windows.future, ok, windows.env).items()}
+    return rows
+
+
+def open_trajectories(path: str | Path, num_actions: int | None = None):
+    """A ``TrajectoryDataset`` (folder with ``index.json``) or a ``VideoDataset`` (folder of
+    ``*.mp4`` with sidecar actions); a clear error for anything else."""
+    from mmrl.worldmodel.data import INDEX_FILE, TrajectoryDataset
+    from mmrl.worldmodel.video import VideoDataset
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"data {path} does not exist")
+    if (path / INDEX_FILE).exists():
+        return TrajectoryDataset(path)
+    if path.is_dir() and any(path.glob("*.mp4")) or path.suffix == ".mp4":
+        return VideoDataset(path if path.is_dir() else [path], num_actions=num_actions)
+    raise ValueError(
+        f"{path} is neither a trajectory dataset (no {INDEX_FILE}) nor a folder of .mp4 files with "
+        "sidecar actions (.npy/.csv); see docs/worldmodel.md"
+    )
+
+
+def check_source_fits(source: Any, processor: TokenWorldModelProcessor, tokenizer: VQTokenizer, where: str) -> None:
+    """Raise unless the data's frame size and actions are what the checkpoint was trained on."""
+    info, want = source.info, processor.layout.action
+    size = tokenizer.frame_size
+    if (info.height, info.width) != (size, size):
+        raise ValueError(f"{where}: frames are {info.height}x{info.width}, the model's tokenizer takes {size}x{size}")
+    if (info.action.kind, info.action.dim) != (want.kind, want.dim) or info.action.num_actions != want.num_actions:
+        raise ValueError(
+            f"{where}: actions are {info.action.kind} (dim {info.action.dim}, num_actions "
+            f"{info.action.num_actions}); the model takes {want.kind} (dim {want.dim}, num_actions "
+            f"{want.num_actions}). For discrete ids in an mp4 sidecar pass --num-actions"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``mmrl eval --model DIR --data DIR``: metrics of a world-model checkpoint on trajectory data."""
+    import argparse
+
+    from mmrl.processors.worldmodel import load_windows
+
+    p = argparse.ArgumentParser(prog="mmrl eval", description=main.__doc__)
+    p.add_argument("--model", required=True, help="world-model checkpoint (token_wm/best, an RL actor/ folder)")
+    p.add_argument("--data", required=True, help="trajectory dataset folder, or a folder of .mp4 + actions")
+    p.add_argument("--tokenizer", help="VQ tokenizer folder (default: <model>/vq_tokenizer)")
+    p.add_argument("--windows", type=int, default=64, help="windows drawn from the data (all if fewer)")
+    p.add_argument("--samples", type=int, default=4, help="sampled predictions per window")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--num-actions", type=int, help="mp4 sidecars hold discrete action ids in [0, N)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="also write the metrics here")
+    args = p.parse_args(argv)
+    model, processor, tokenizer = load_checkpoint(args.model, args.tokenizer)
+    source = open_trajectories(args.data, args.num_actions)
+    check_source_fits(source, processor, tokenizer, args.data)
+    windows = load_windows(source, processor.context, processor.future, args.windows, args.seed)
+    rows = {
+        "model (greedy)": evaluate_model(model, processor, tokenizer, windows, True, seed=args.seed).metrics,
+        f"model (sampled x{args.samples}, T={args.temperature:g})": evaluate_model(
+            model, processor, tokenizer, windows, False, args.samples, args.seed, args.temperature).metrics,
+    }
+    rows.update(reference_rows(windows, tokenizer, processor.future))
+    env = windows.env["name"] if windows.env else "unknown (no state match)"
+    print(f"\n{len(windows)} windows of {args.data} (env: {env}); {processor.context} context frames, "
+          f"{processor.future} predicted\n")
+    print(format_table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
