@@ -207,3 +207,33 @@ def test_report_writes_markdown_pngs_and_gif(grid_dir, tmp_path):
         assert (tmp_path / "report" / name).stat().st_size > 1000
     gif = Image.open(tmp_path / "report" / "rollout.gif")
     assert gif.n_frames >= 8  # PIL merges identical consecutive frames
+
+
+@pytest.mark.slow
+def test_grpo_beats_its_pretrained_start_on_held_out(tmp_path):
+    """The whole recipe, small and with a fixed seed: data, tokenizer, MLE pretraining to a
+    fixed budget, GRPO with -(MAE + LPIPS), then held-out base vs RL with the same decoding.
+    RL must improve PSNR and LPIPS under greedy and under sampled decoding."""
+    from mmrl.trainer.config import load_config
+    from mmrl.trainer.fit import fit
+    from tests.conftest import run_overrides
+
+    pre = "++task.pretrain."
+    cfg = load_config(run_overrides(
+        tmp_path / "run", "task=worldmodel_tokens", f"task.cache_dir={tmp_path / 'cache'}",
+        f"{pre}data.train_trajectories=96", f"{pre}data.val_trajectories=16", f"{pre}data.length=12",
+        f"{pre}tokenizer.train.steps=80", f"{pre}tokenizer.train.batch_size=16",
+        f"{pre}train.steps=150", f"{pre}train.val_every=50", f"{pre}train.val_windows=64",
+        f"{pre}train.eval_windows=16", f"{pre}progress_bar=false",
+        "task.val_windows=16", "task.eval.windows=48", "task.eval.samples=2",
+        "trainer.total_steps=12", "trainer.test_freq=6", "trainer.seed=0",
+    ))
+    result = fit(cfg)
+    table = result.summary["worldmodel_eval"]
+    for decoding in ("greedy", "sampled"):
+        base, rl = table["base"][decoding], table["rl"][decoding]
+        assert rl["psnr"] > base["psnr"], (decoding, base, rl)
+        assert rl["lpips"] < base["lpips"], (decoding, base, rl)
+        assert rl["valid"] == base["valid"] == 1.0
+    report = tmp_path / "run" / "report"
+    assert (report / "README.md").exists() and (report / "rollout.gif").stat().st_size > 0

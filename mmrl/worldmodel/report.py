@@ -5,7 +5,7 @@
 - ``README.md``: the held-out table (base vs RL, greedy and sampled) and the pictures;
 - ``curves.png``: reward, KL loss, entropy (training samples) and PSNR, LPIPS
   (held-out validation) over RL steps;
-- ``frames.png``: one row per held-out window: context frames | ground-truth future |
+- ``frames.png``: one row per held-out window (those where the frame changes most): context frames | ground-truth future |
   base prediction | RL prediction (greedy);
 - ``rollout.gif``: the same windows animated, ground truth | base | RL side by side.
 """
@@ -39,8 +39,13 @@ def plot_curves(history: list[dict], path: Path) -> Path:
         for key in keys:
             pts = [(row["step"], row[key]) for row in history if row.get(key) is not None]
             if pts:
-                xs, ys = zip(*pts, strict=True)
-                ax.plot(xs, ys, marker="o" if len(pts) < 20 else None, ms=3)
+                xs, ys = (np.asarray(v) for v in zip(*pts, strict=True))
+                if len(pts) < 20:
+                    ax.plot(xs, ys, marker="o", ms=3)
+                else:  # noisy per-step values: raw, and a 10-step running mean
+                    ax.plot(xs, ys, alpha=0.35)
+                    ax.plot(xs[9:], np.convolve(ys, np.ones(10) / 10, mode="valid"), label="10-step mean")
+                    ax.legend(fontsize=7)
                 break
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("RL step")
@@ -51,13 +56,19 @@ def plot_curves(history: list[dict], path: Path) -> Path:
     return path
 
 
+def showcase(windows: Any, n: int) -> np.ndarray:
+    """Indices of the ``n`` windows whose future differs most from their last context frame
+    (where the dynamics show), in data order."""
+    change = np.abs(windows.future.astype(np.int32) - windows.context[:, -1:].astype(np.int32)).sum((1, 2, 3, 4))
+    return np.sort(np.argsort(-change, kind="stable")[:n])
+
+
 def frame_strip(windows: Any, base: np.ndarray, rl: np.ndarray, rows: int, scale: int = 3) -> np.ndarray:
     """uint8 image: per window, context | truth | base | RL frames with 2 px gaps, upscaled."""
-    n = min(rows, len(windows))
-    h, w = windows.future.shape[2:4]
+    h = windows.future.shape[2]
     gap = np.full((h, 2, 3), 255, np.uint8)
     lines = []
-    for i in range(n):
+    for i in showcase(windows, rows):
         parts = [*windows.context[i], gap, *windows.future[i], gap, *base[i], gap, *rl[i]]
         lines.append(np.concatenate(parts, axis=1))
         lines.append(np.full((2, lines[-1].shape[1], 3), 255, np.uint8))
@@ -71,7 +82,7 @@ def write_gif(windows: Any, base: np.ndarray, rl: np.ndarray, path: Path, n: int
 
     gap = np.full((windows.future.shape[2], 2, 3), 255, np.uint8)
     images = []
-    for i in range(min(n, len(windows))):
+    for i in showcase(windows, n):
         for c in windows.context[i]:
             images.append(np.concatenate([c, gap, c, gap, c], axis=1))
         for t in range(windows.future.shape[1]):
