@@ -237,3 +237,32 @@ def test_grpo_beats_its_pretrained_start_on_held_out(tmp_path):
         assert rl["valid"] == base["valid"] == 1.0
     report = tmp_path / "run" / "report"
     assert (report / "README.md").exists() and (report / "rollout.gif").stat().st_size > 0
+
+
+def test_gpu_example_composes_and_its_model_fits_its_settings():
+    """configs/examples/worldmodel_tokens_gpu.yaml, checked without a GPU or any download."""
+    from mmrl.tasks.worldmodel_tokens import pretrain_config
+    from mmrl.trainer.config import compose
+    from mmrl.worldmodel.envs import make_env
+
+    cfg = compose([], config_name="examples/worldmodel_tokens_gpu")
+    assert cfg.task.name == "worldmodel_tokens" and cfg.actor_rollout_ref.rollout.name == "vllm"
+    assert cfg.reward.overlong_reward == "keep"
+    pre = pretrain_config(cfg.task.pretrain, cfg.task.cache_dir)
+    env = make_env(pre.data.env, **pre.data.env_config)
+    factor = 2 ** (len(pre.tokenizer.model.block_out_channels) - 1)
+    grid = (env.height // factor, env.width // factor)
+    layout = VocabLayout(pre.tokenizer.model.codebook_size, grid, env.action_spec, pre.action_bins)
+    proc = TokenWorldModelProcessor(layout, pre.data.context, pre.data.future)
+    assert layout.tokens_per_frame == 256
+    assert proc.prompt_length == cfg.data.max_prompt_length and proc.response_length == cfg.data.max_response_length
+    with torch.device("meta"):
+        model = build_token_world_model(proc, pre.model)  # checks vocab, special ids, head_dim, length
+    assert 1.3e8 < sum(p.numel() for p in model.parameters()) < 1.5e8  # 0.14B
+    assert model.get_input_embeddings().num_embeddings == layout.vocab_size
+    assert proc.prompt_length + proc.response_length <= model.config.max_position_embeddings
+    actor, rollout, trainer, data = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.trainer, cfg.data
+    world = trainer.n_workers_per_node * trainer.nnodes
+    assert data.train_batch_size % actor.ppo_mini_batch_size == 0
+    assert (actor.ppo_mini_batch_size * rollout.n) % (world * actor.ppo_micro_batch_size) == 0
+    assert (data.train_batch_size * rollout.n) % world == 0

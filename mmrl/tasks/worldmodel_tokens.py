@@ -151,7 +151,9 @@ def pretrain_config(overrides: dict[str, Any], cache_dir: str) -> PretrainConfig
     from mmrl.trainer.config import compose
     from mmrl.worldmodel.pretrain import PretrainConfig
 
-    raw = OmegaConf.merge(compose([], config_name="worldmodel/pretrain"), overrides)
+    raw = compose([], config_name="worldmodel/pretrain")
+    OmegaConf.set_struct(raw, False)  # free-form dicts (env_config) take new keys; the dataclass checks the rest
+    raw = OmegaConf.merge(raw, overrides)
     if "output_dir" not in overrides:
         settings = {k: v for k, v in OmegaConf.to_container(raw, resolve=False).items() if k not in _NOT_IN_KEY}
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
