@@ -9,10 +9,10 @@ import sys
 from mmrl.trainer.config import load_config
 
 
-def train(overrides: list[str]) -> int:
+def train(overrides: list[str], config_name: str = "train") -> int:
     from mmrl.trainer.fit import fit
 
-    cfg = load_config(overrides)
+    cfg = load_config(overrides, config_name)
     result = fit(cfg)
     val = result.series("val/score/mean")
     print(f"\nrun finished: {result.output_dir}")
@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="RL training; trailing arguments are Hydra overrides")
     p_train.add_argument("overrides", nargs="*", help="e.g. algorithm.adv_estimator=rloo")
+    p_train.add_argument("--config-name", default="train",
+                         help="a config under configs/, e.g. examples/worldmodel_tokens_gpu")
     p_wm = sub.add_parser(
         "pretrain-worldmodel",
         help="MLE pretraining of the token world model; trailing arguments are Hydra overrides",
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train":
-        return train(args.overrides)
+        return train(args.overrides, args.config_name)
     if args.command == "pretrain-worldmodel":
         return pretrain_worldmodel(args.overrides)
     return 2
