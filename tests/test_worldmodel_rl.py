@@ -226,7 +226,7 @@ def test_grpo_beats_its_pretrained_start_on_held_out(tmp_path):
         f"{pre}train.steps=150", f"{pre}train.val_every=50", f"{pre}train.val_windows=64",
         f"{pre}train.eval_windows=16", f"{pre}progress_bar=false",
         "task.val_windows=16", "task.eval.windows=48", "task.eval.samples=2",
-        "trainer.total_steps=12", "trainer.test_freq=6", "trainer.seed=0",
+        "trainer.total_steps=20", "trainer.test_freq=10", "trainer.seed=0",
     ))
     result = fit(cfg)
     table = result.summary["worldmodel_eval"]
