@@ -4,6 +4,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
+# The main job: the token world-model recipe (data, tokenizer, pretraining, GRPO,
+# held-out eval, report). DEMO_TASK=text_addition runs the small text GRPO instead.
+DEMO_TASK ?= worldmodel_tokens_demo
 
 .PHONY: setup demo test test-fast test-slow bench lint
 
@@ -11,7 +14,7 @@ setup:
 	@bash scripts/setup_env.sh
 
 demo: setup
-	$(VENV)/bin/mmrl train $(ARGS)
+	$(VENV)/bin/mmrl train task=$(DEMO_TASK) $(ARGS)
 
 # CI runs this: lint, the default tier, then the slow tier.
 test: setup lint

@@ -5,6 +5,7 @@ from mmrl.tasks import (  # noqa: F401  (registers the tasks)
     vision_parquet,
     visual_counting,
     worldmodel_latent,
+    worldmodel_tokens,
 )
 from mmrl.tasks.base import TASKS, PromptDataset, Task, TaskData, get_task, register_task
 

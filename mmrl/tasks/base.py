@@ -89,6 +89,11 @@ class Task:
         build the model from config and warm it up with SFT on :meth:`sft_pairs`."""
         return None
 
+    def on_fit_end(self, cfg: RunConfig, base_dir: Path, actor_dir: Path, history: list[dict]) -> dict[str, Any]:
+        """Task-specific work after RL (held-out comparisons, reports), given the starting
+        model and the final actor; returns entries for ``summary.json``. Nothing by default."""
+        return {}
+
     def build_prompt_processor(self, model_path: Path, cfg: RunConfig) -> PromptProcessor:
         """The processor for this task's prompts and responses; text by default."""
         tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)

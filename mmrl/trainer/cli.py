@@ -9,10 +9,10 @@ import sys
 from mmrl.trainer.config import load_config
 
 
-def train(overrides: list[str]) -> int:
+def train(overrides: list[str], config_name: str = "train") -> int:
     from mmrl.trainer.fit import fit
 
-    cfg = load_config(overrides)
+    cfg = load_config(overrides, config_name)
     result = fit(cfg)
     val = result.series("val/score/mean")
     print(f"\nrun finished: {result.output_dir}")
@@ -20,6 +20,15 @@ def train(overrides: list[str]) -> int:
         print(f"  held-out score: {val[0]:.3f} before RL -> {val[-1]:.3f} after {cfg.trainer.total_steps} steps")
     print(f"  metrics:        {result.output_dir / 'metrics.jsonl'}")
     print(f"  trained actor:  {result.output_dir / 'actor'} (save_pretrained)")
+    table = result.summary.get("worldmodel_eval")
+    if table:
+        from mmrl.worldmodel.evaluate import format_table
+
+        print("\n  held-out world-model metrics (base = pretrained start, rl = after GRPO):")
+        rows = {f"{m} ({d})": table[m][d] for d in ("greedy", "sampled") for m in ("base", "rl")}
+        print("\n".join("  " + line for line in format_table(rows, "model (decoding)").splitlines()))
+    if result.summary.get("report"):
+        print(f"  report:         {result.summary['report']}")
     print(f"  wall time:      {result.wall_time_s:.1f} s")
     print(f"  peak memory:    {result.peak_memory_gib:.2f} GiB")
     return 0
@@ -31,20 +40,33 @@ def pretrain_worldmodel(overrides: list[str]) -> int:
     return pretrain_main(overrides)
 
 
+def evaluate(argv: list[str]) -> int:
+    from mmrl.worldmodel.evaluate import main as eval_main
+
+    return eval_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["eval"]:  # its own argparse options (mmrl eval --help)
+        logging.basicConfig(level=logging.WARNING)
+        return evaluate(argv[1:])
     parser = argparse.ArgumentParser(prog="mmrl", description="RLVR for multimodal models.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="RL training; trailing arguments are Hydra overrides")
     p_train.add_argument("overrides", nargs="*", help="e.g. algorithm.adv_estimator=rloo")
+    p_train.add_argument("--config-name", default="train",
+                         help="a config under configs/, e.g. examples/worldmodel_tokens_gpu")
     p_wm = sub.add_parser(
         "pretrain-worldmodel",
         help="MLE pretraining of the token world model; trailing arguments are Hydra overrides",
     )
     p_wm.add_argument("overrides", nargs="*", help="e.g. data.env=push train.steps=1500")
+    sub.add_parser("eval", help="evaluate a world-model checkpoint on trajectory or mp4 data (mmrl eval --help)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train":
-        return train(args.overrides)
+        return train(args.overrides, args.config_name)
     if args.command == "pretrain-worldmodel":
         return pretrain_worldmodel(args.overrides)
     return 2

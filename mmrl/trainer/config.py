@@ -199,9 +199,9 @@ def compose(overrides: list[str] | None = None, config_name: str = "train") -> D
         return hydra_compose(config_name=config_name, overrides=list(overrides or []))
 
 
-def load_config(overrides: list[str] | None = None) -> RunConfig:
-    """Compose, validate against :class:`RunConfig`, and return the typed config."""
-    raw = compose(overrides)
+def load_config(overrides: list[str] | None = None, config_name: str = "train") -> RunConfig:
+    """Compose ``configs/<config_name>.yaml``, validate against :class:`RunConfig`, return the typed config."""
+    raw = compose(overrides, config_name=config_name)
     OmegaConf.resolve(raw)
     schema = OmegaConf.structured(RunConfig)
     merged = OmegaConf.merge(schema, raw)

@@ -41,6 +41,7 @@ class RunResult:
     history: list[dict] = field(default_factory=list)
     wall_time_s: float = 0.0
     peak_memory_gib: float = 0.0
+    summary: dict = field(default_factory=dict)  # what summary.json holds
 
     def series(self, key: str) -> list[float]:
         """The logged values of one metric, in step order (steps that lack it are skipped)."""
@@ -293,8 +294,10 @@ def fit(cfg: RunConfig) -> RunResult:
             tracker.log(metrics, step)
             bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
         worker.save_pretrained(cfg.output_dir / "actor")
+    extra = task.on_fit_end(cfg, model_path, cfg.output_dir / "actor", tracker.history)
     result = RunResult(cfg.output_dir, tracker.history, time.perf_counter() - start, peak_rss_gib())
     summary = {"wall_time_s": result.wall_time_s, "peak_memory_gib": result.peak_memory_gib,
-               "final_actor": str(cfg.output_dir / "actor")}
+               "final_actor": str(cfg.output_dir / "actor"), **extra}
     (cfg.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    result.summary = summary
     return result

@@ -60,15 +60,15 @@ class TokenizerSection:
 
 @dataclass
 class LMTrainSection:
-    steps: int = 600
-    batch_size: int = 16
-    lr: float = 1e-3
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 2e-3
     weight_decay: float = 0.01
-    warmup_steps: int = 30
-    val_every: int = 50
-    val_windows: int = 256
-    patience: int = 4
-    min_delta: float = 0.002
+    warmup_steps: int = 50
+    val_every: int = 100
+    val_windows: int = 128
+    patience: int = 3
+    min_delta: float = 0.005
     eval_windows: int = 64
 
 

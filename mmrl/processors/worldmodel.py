@@ -1,0 +1,171 @@
+"""World-model prompts: K context frames + actions in, F predicted frames' tokens out.
+
+:class:`FrameWindows` is a task's dataset (arrays of context frames, actions and
+true futures). :class:`WorldModelPromptProcessor` turns it into fixed-length token
+prompts (see :mod:`mmrl.worldmodel.token_lm` for the sequence layout) and decodes
+sampled responses back into frames with the VQ tokenizer, for the frame verifiers:
+
+- ``pred_frames`` float32 [B, F, H, W, 3] in [0, 1]; NaN for a response that cannot be
+  decoded, which the verifier runner turns into an invalid sample (not a crash);
+- ``gt_frames`` uint8 [B, F, H, W, 3], the true future, set by :meth:`encode_dataset`;
+- ``ground_truth`` (non-tensor): the environment's observed state of each true future
+  frame, and ``env``: the environment's name and config, for the closed-loop
+  ``state_match`` score (only when the data comes from a known environment).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmrl.protocol import Batch
+from mmrl.worldmodel.data import WindowDataset
+from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
+from mmrl.worldmodel.tokenizer import VQTokenizer
+
+
+@dataclass
+class FrameWindows:
+    """``N`` prediction problems: ``context uint8 [N, K, H, W, 3]``,
+    ``actions float32 [N, K+F-1, A]``, ``future uint8 [N, F, H, W, 3]``.
+
+    ``env`` (``{"name", "config"}``) names the environment that rendered the frames,
+    or is None for recorded video; ``sources`` says where each window came from.
+    """
+
+    context: np.ndarray
+    actions: np.ndarray
+    future: np.ndarray
+    env: dict[str, Any] | None = None
+    sources: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        n = len(self.context)
+        if len(self.actions) != n or len(self.future) != n:
+            raise ValueError(
+                f"windows disagree on their count: {n} contexts, {len(self.actions)} action "
+                f"rows, {len(self.future)} futures"
+            )
+        if not self.sources:
+            self.sources = [f"window {i}" for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.context)
+
+    def __getitem__(self, idx: Any) -> FrameWindows:
+        idx = np.arange(len(self))[idx]
+        return FrameWindows(self.context[idx], self.actions[idx], self.future[idx], self.env,
+                            [self.sources[i] for i in np.atleast_1d(idx)])
+
+
+def load_windows(
+    source: Any, context: int, future: int, n: int | None = None, seed: int = 0,
+    env: dict[str, Any] | None = None,
+) -> FrameWindows:
+    """Every window of ``context + future`` frames of a trajectory source (a
+    ``TrajectoryDataset`` or ``VideoDataset``), or ``n`` of them drawn with ``seed``.
+
+    ``env`` defaults to the source's own environment (``index["env"]``/``env_config``).
+    """
+    windows = WindowDataset(source, context, future)
+    pick = np.arange(len(windows))
+    if n is not None and n < len(windows):
+        pick = np.sort(np.random.default_rng(seed).permutation(len(windows))[:n])
+    items = [windows[int(i)] for i in pick]
+    if env is None and getattr(source, "index", None) and source.index.get("env"):
+        env = {"name": source.index["env"], "config": dict(source.index.get("env_config", {}))}
+    return FrameWindows(
+        np.stack([w.context for w in items]), np.stack([w.actions for w in items]).astype(np.float32),
+        np.stack([w.future for w in items]), env, [f"{w.source}@{w.start}" for w in items],
+    )
+
+
+class WorldModelPromptProcessor:
+    """The fit loop's :class:`~mmrl.processors.base.PromptProcessor` for the token world model."""
+
+    def __init__(self, tokens: TokenWorldModelProcessor, tokenizer: VQTokenizer,
+                 max_prompt_length: int | None = None) -> None:
+        tokens.check_tokenizer(tokenizer)
+        if max_prompt_length is not None and tokens.prompt_length > max_prompt_length:
+            raise ValueError(
+                f"world-model prompts have {tokens.prompt_length} tokens ({tokens.context} frames of "
+                f"{tokens.layout.tokens_per_frame} + actions), more than data.max_prompt_length="
+                f"{max_prompt_length}"
+            )
+        self.tokens, self.tokenizer = tokens, tokenizer
+
+    @property
+    def pad_token_id(self) -> int:
+        from mmrl.worldmodel.vocab import PAD
+
+        return PAD
+
+    @property
+    def response_length(self) -> int:
+        return self.tokens.response_length
+
+    def encode_windows(self, windows: FrameWindows) -> torch.Tensor:
+        """Prompt ids ``int64 [N, prompt_length]`` (every prompt has the same length)."""
+        k, size = self.tokens.context, self.tokenizer.frame_size
+        frames = windows.context
+        if frames.ndim != 5 or frames.shape[1] != k or frames.shape[2:] != (size, size, 3):
+            raise ValueError(
+                f"context frames must be uint8 [N, {k}, {size}, {size}, 3] for this model, found "
+                f"{list(frames.shape)} (from {windows.sources[0] if len(windows) else 'no windows'})"
+            )
+        codes = self.tokenizer.encode(frames.reshape(-1, size, size, 3)).reshape(len(frames), k, *self.tokenizer.grid)
+        return torch.tensor([self.tokens.build_prompt(c, a) for c, a in zip(codes, windows.actions, strict=True)],
+                            dtype=torch.long)
+
+    def encode_dataset(self, dataset: FrameWindows, split: str) -> Batch:
+        """Prompts ``[N, P]`` (no padding needed: all have one length) plus ``gt_frames``
+        and, for a known environment, ``env`` and ``ground_truth`` (observed true states)."""
+        if len(dataset) == 0:
+            raise ValueError(f"the {split} set has no world-model windows")
+        if dataset.future.shape[1] != self.tokens.future:
+            raise ValueError(
+                f"{split} windows hold {dataset.future.shape[1]} future frames; the model predicts "
+                f"{self.tokens.future}"
+            )
+        input_ids = self.encode_windows(dataset)
+        mask = torch.ones_like(input_ids)
+        non_tensor: dict[str, Any] = {"extra_info": [{"source": s} for s in dataset.sources]}
+        if dataset.env is not None:
+            from mmrl.worldmodel.envs import make_env
+
+            env = make_env(dataset.env["name"], **dataset.env["config"])
+            non_tensor["env"] = [dataset.env] * len(dataset)
+            non_tensor["ground_truth"] = [[env.state_from_frame(f) for f in fut] for fut in dataset.future]
+        batch = Batch.from_dict(
+            tensors={"input_ids": input_ids, "attention_mask": mask,
+                     "position_ids": torch.arange(input_ids.shape[1]).expand_as(input_ids).clone(),
+                     "gt_frames": torch.from_numpy(np.ascontiguousarray(dataset.future))},
+            non_tensor={k: _object_array(v) for k, v in non_tensor.items()},
+            meta={"num_filtered_prompts": 0},
+        )
+        return batch
+
+    def decode(self, batch: Batch) -> Batch:
+        """Add ``pred_frames`` float32 [B, F, H, W, 3] (NaN where undecodable) and ``decode_error``."""
+        frames, valid, reasons = self.tokens.decode_frames(batch["responses"].tolist(), self.tokenizer)
+        pred = torch.from_numpy(frames).float().div_(255.0)
+        pred[torch.from_numpy(~valid)] = float("nan")
+        batch["pred_frames"] = pred
+        batch["decode_error"] = _object_array(reasons)
+        return batch
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        """Visual tokens only, exactly ``F * tokens_per_frame`` of them."""
+        n = self.tokens.response_length
+        return {"allowed_token_ids": tuple(self.tokens.allowed_token_ids()), "min_tokens": n, "max_tokens": n}
+
+
+def _object_array(values: Sequence[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out
