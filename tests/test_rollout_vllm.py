@@ -91,6 +91,9 @@ def test_constraints_match_transformers(vllm_rollouts):
     valid = got["responses"][mask]
     assert set(valid.tolist()) <= {*digits, tokenizer.eos_token_id}
     assert (got["response_mask"].sum(-1) >= 3).all()
+    # Training recomputes them under the same restriction (recorded in the batch's meta).
+    recomputed = compute_log_probs(actor, got, micro_batch_size=8, temperature=1.0)
+    torch.testing.assert_close(recomputed[mask], got["rollout_log_probs"][mask], atol=LOGPROB_ATOL, rtol=0)
 
 
 def reference_log_probs(

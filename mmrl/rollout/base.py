@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -57,6 +57,41 @@ class RolloutEngine(Protocol):
 
 
 ROLLOUT_ENGINES: dict[str, Callable[..., RolloutEngine]] = {}
+# Batch meta key under which engines record the token restrictions they sampled under.
+SUPPORT_KEY = "sampling_support"
+
+
+def sampling_support(sampling: SamplingParams, stop_ids: set[int]) -> dict[str, Any] | None:
+    """The tokens ``sampling`` excludes beyond temperature/top-k/top-p, as JSON-able meta.
+
+    Engines store it in ``meta["sampling_support"]``. The actor applies the same
+    restriction (:func:`restrict_logits`) when it recomputes log-probs, so rollout and
+    training log-probs, the PPO ratio and the KL all describe the distribution that
+    was sampled from. ``None`` when every token could be sampled at every step.
+    """
+    if sampling.allowed_token_ids is None and sampling.min_tokens == 0:
+        return None
+    allowed = None
+    if sampling.allowed_token_ids is not None:  # stop tokens stay allowed, as in the engines
+        allowed = sorted({*sampling.allowed_token_ids, *stop_ids})
+    return {"allowed_token_ids": allowed, "stop_token_ids": sorted(stop_ids), "min_tokens": sampling.min_tokens}
+
+
+def restrict_logits(logits: torch.Tensor, support: dict[str, Any] | None) -> torch.Tensor:
+    """Response-step logits [b, T, V] with the tokens ``support`` excludes pushed to the
+    dtype's minimum: outside ``allowed_token_ids`` everywhere, stop tokens before
+    ``min_tokens``. The minimum, not -inf, keeps entropies finite.
+    """
+    if not support:
+        return logits
+    steps, vocab = logits.shape[-2:]
+    keep = torch.ones(steps, vocab, dtype=torch.bool, device=logits.device)
+    if support["allowed_token_ids"] is not None:
+        keep[:] = False
+        keep[:, support["allowed_token_ids"]] = True
+    if support["min_tokens"]:
+        keep[: support["min_tokens"], support["stop_token_ids"]] = False
+    return logits.masked_fill(~keep, torch.finfo(logits.dtype).min)
 
 
 def register_rollout(name: str) -> Callable:

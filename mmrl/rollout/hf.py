@@ -12,7 +12,13 @@ from transformers import (
 )
 
 from mmrl.protocol import Batch
-from mmrl.rollout.base import SamplingParams, finish_rollout, register_rollout
+from mmrl.rollout.base import (
+    SUPPORT_KEY,
+    SamplingParams,
+    finish_rollout,
+    register_rollout,
+    sampling_support,
+)
 
 
 @register_rollout("hf")
@@ -69,7 +75,9 @@ class HFRollout:
         if pad > 0:  # every row stopped early: keep a fixed response width
             responses = torch.nn.functional.pad(responses, (0, pad), value=self.pad_token_id)
             log_probs = torch.nn.functional.pad(log_probs, (0, pad), value=0.0)
-        return finish_rollout(prompts, responses, log_probs, stop_ids, self.pad_token_id)
+        out = finish_rollout(prompts, responses, log_probs, stop_ids, self.pad_token_id)
+        out.meta[SUPPORT_KEY] = sampling_support(sampling, stop_ids)
+        return out
 
     def _constraints(self, sampling: SamplingParams) -> LogitsProcessorList:
         if sampling.allowed_token_ids is None:

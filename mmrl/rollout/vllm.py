@@ -15,7 +15,13 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from mmrl.protocol import Batch
-from mmrl.rollout.base import SamplingParams, finish_rollout, register_rollout
+from mmrl.rollout.base import (
+    SUPPORT_KEY,
+    SamplingParams,
+    finish_rollout,
+    register_rollout,
+    sampling_support,
+)
 from mmrl.trainer.config import RolloutConfig
 
 # Read by vLLM at import and engine start-up, so they are set before `import vllm`.
@@ -133,6 +139,7 @@ class VLLMRollout:
         )
         out.meta["rollout_tokens"] = sum(len(o.outputs[0].token_ids) for o in outputs)
         out.meta["rollout_time_s"] = elapsed_s
+        out.meta[SUPPORT_KEY] = sampling_support(sampling, stop_ids)
         return out
 
     def _prompt_token_ids(self, prompts: Batch, max_tokens: int) -> list[list[int]]:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mmrl.protocol import Batch
+from mmrl.rollout.base import SUPPORT_KEY, restrict_logits
 from mmrl.trainer import core_algos
 from mmrl.trainer.config import ActorConfig
 
@@ -37,6 +38,8 @@ def forward_response_log_probs(
     logits = model(**{k: batch[k] for k in MODEL_INPUTS}, use_cache=False).logits
     # The logit at position i predicts token i + 1: the last T+1..1 positions score the response.
     logits = logits[:, -responses.shape[1] - 1 : -1].float() / temperature
+    # Under the same token restrictions the rollout sampled with (allowed ids, min length).
+    logits = restrict_logits(logits, batch.meta.get(SUPPORT_KEY))
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     entropy = core_algos.entropy_from_logits(logits) if with_entropy else None
     return log_probs, entropy
