@@ -28,9 +28,11 @@ def warm_model_dir(tmp_path_factory) -> Path:
     from mmrl.tasks import get_task
     from mmrl.trainer.config import load_config
     from mmrl.trainer.fit import prepare_initial_model
+    from mmrl.utils.seed import set_seed
 
     out = tmp_path_factory.mktemp("warm")
     cfg = load_config(run_overrides(out))
+    set_seed(cfg.trainer.seed)  # as fit() does: the model must not depend on which tests ran first
     path, _ = prepare_initial_model(cfg, get_task("text_addition")(cfg.task))
     return path
 

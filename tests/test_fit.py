@@ -111,12 +111,13 @@ def test_metrics_jsonl_and_saved_actor(tmp_path, warm_model_dir):
 
 
 def test_overlong_responses_counted_and_zeroed(tmp_path, warm_model_dir):
-    # One token is never enough for "answer + EOS", so every response is cut.
+    # One token is not enough for "answer + EOS": almost every response is cut (a sampled
+    # EOS as the first token is an empty, uncut answer, which is rare after the warm-up).
     zero = short_run(tmp_path / "z", warm_model_dir, "data.max_response_length=1").history[-1]
-    assert zero["response_length/clip_ratio"] == 1.0
-    assert zero["critic/score/mean"] == 0.0
+    assert zero["response_length/clip_ratio"] > 0.9
+    assert zero["critic/score/mean"] == 0.0  # cut answers score zero, empty ones are wrong
     keep = short_run(tmp_path / "k", warm_model_dir, "data.max_response_length=1", "reward.overlong_reward=keep")
-    assert keep.history[-1]["response_length/clip_ratio"] == 1.0
+    assert keep.history[-1]["response_length/clip_ratio"] > 0.9
 
 
 def test_prompt_longer_than_max_names_the_sample(tmp_path, warm_model_dir):
