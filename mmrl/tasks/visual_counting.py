@@ -23,6 +23,7 @@ from mmrl.processors.tiny_vlm import build_tiny_qwen2_vl_processor, tiny_qwen2_v
 from mmrl.processors.vision import VisionSample
 from mmrl.processors.vision_prompts import VisionPromptProcessor
 from mmrl.tasks.base import Task, TaskData, register_task
+from mmrl.trainer.actor import freeze_modules
 from mmrl.trainer.sft import SFTConfig
 from mmrl.trainer.sft_vlm import warm_up_vlm
 
@@ -45,6 +46,9 @@ class VisualCountingConfig:
     train_size: int = 2000
     val_size: int = 128
     question: str = "How many {color} shapes are there?"
+    # Where the image goes: before the question (`<image>{question}`) or after it. After it,
+    # the image tokens see the asked colour (causal attention), which a 2-layer model needs.
+    problem: str = "{question}<image>"
     instruction: str = " Think in <think></think>, then answer in <answer></answer>."
     model: dict[str, Any] = field(default_factory=dict)  # text-decoder overrides of tiny_qwen2_vl_config
     vision: dict[str, Any] = field(default_factory=dict)  # vision-tower overrides
@@ -86,7 +90,7 @@ def make_counting_dataset(cfg: VisualCountingConfig, n: int, seed: int) -> Visio
         color, count = rng.choice(cfg.colors), rng.randint(cfg.min_count, cfg.max_count)
         buf = io.BytesIO()
         render_shapes(rng, cfg, color, count).save(buf, format="PNG")
-        problems.append("<image>" + cfg.question.format(color=color))
+        problems.append(cfg.problem.format(question=cfg.question.format(color=color)))
         answers.append(str(count))
         images.append([buf.getvalue()])
         extra.append({"color": color})
@@ -144,9 +148,11 @@ class VisualCountingTask(Task):
 
     def initial_model(self, cfg: RunConfig) -> tuple[Path, dict[str, float]]:
         """The tiny Qwen2-VL from config after the VLM SFT warm-up (``task.sft``: a budget
-        fixed before RL), saved with its processor under ``<output_dir>/init_model``."""
+        fixed before RL), saved with its processor under ``<output_dir>/init_model``. Parameters
+        that ``actor.freeze_modules`` freezes in RL are frozen here too."""
         processor = self.build_processor()
         model = self.build_model(processor.tokenizer)
+        freeze_modules(model, cfg.actor_rollout_ref.actor.freeze_modules)  # as in RL
         path = cfg.output_dir / "init_model"
         processor.save_pretrained(path)
         model.save_pretrained(path, safe_serialization=True)  # the prompt processor reads its config

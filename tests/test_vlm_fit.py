@@ -1,0 +1,83 @@
+"""VLM tasks in the one fit loop: GRPO learns visual counting, users' parquet trains, eval-vlm scores."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from mmrl.data import write_vision_parquet
+from mmrl.processors.tiny_vlm import build_tiny_qwen2_vl
+from mmrl.tasks.visual_counting import VisualCountingConfig, make_counting_dataset
+from mmrl.trainer import cli
+from mmrl.trainer.config import load_config
+from mmrl.trainer.fit import fit
+from tests.conftest import run_overrides
+
+# The short fixed-seed version of `mmrl train task=visual_counting` (benchmarks/bench_vlm_grpo.py
+# runs the same settings over several seeds). Budget fixed before RL: 600 SFT steps of 32.
+SHORT_COUNTING = (
+    "task=visual_counting",
+    "task.train_size=1000",
+    "task.val_size=128",
+    "task.sft.steps=600",
+    "trainer.total_steps=30",
+    "trainer.test_freq=15",
+    "actor_rollout_ref.actor.lr=1e-3",
+)
+
+
+def counting_parquet(path, n: int, seed: int):
+    data = make_counting_dataset(VisualCountingConfig(), n, seed)
+    return write_vision_parquet(path, data.problems, data.ground_truth, data.images)
+
+
+@pytest.mark.slow
+def test_grpo_raises_heldout_counting_accuracy(tmp_path):
+    """SFT warm-up, then GRPO: greedy held-out accuracy after RL beats the one before."""
+    result = fit(load_config(run_overrides(tmp_path, *SHORT_COUNTING)))
+    acc = result.series("val/math_answer/mean")
+    assert len(acc) == 3
+    assert acc[-1] > acc[0] + 0.03, f"held-out accuracy did not rise: {acc}"
+    assert max(result.series("rollout/logprob_diff_max")) < 1e-3
+    assert result.history[0]["sft/steps"] == 600
+
+
+def test_vision_parquet_trains_and_eval_vlm_prints_accuracy(tmp_path, capsys):
+    """A user's parquet and checkpoint: `mmrl train task=vision_parquet`, then `mmrl eval-vlm`."""
+    model = build_tiny_qwen2_vl(tmp_path / "model", seed=0, min_pixels=112 * 112, max_pixels=112 * 112)
+    train = counting_parquet(tmp_path / "train.parquet", 8, seed=0)
+    val = counting_parquet(tmp_path / "val.parquet", 4, seed=1)
+    cfg = load_config(run_overrides(
+        tmp_path / "run", "task=vision_parquet", f"actor_rollout_ref.model.path={model}",
+        f"task.train_files=[{train}]", f"task.val_files=[{val}]",
+        "data.train_batch_size=4", "data.max_prompt_length=128", "data.max_response_length=8",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.freeze_modules=['visual\\.']",
+        "trainer.total_steps=2", "trainer.test_freq=2",
+    ))
+    result = fit(cfg)
+    assert len(result.series("val/math_answer/mean")) == 2
+    assert np.isfinite(result.series("actor/pg_loss")).all()
+
+    out = tmp_path / "eval.json"
+    assert cli.main(["eval-vlm", "--checkpoint", str(tmp_path / "run" / "actor"), "--parquet", str(val),
+                     "--max-prompt-length", "128", "--max-response-length", "8", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "accuracy:" in printed and "/4, math_answer, greedy decoding" in printed
+    report = json.loads(out.read_text())
+    assert report["num_samples"] == 4 and 0.0 <= report["accuracy"] <= 1.0
+
+
+def test_eval_vlm_names_a_bad_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mmrl.data import ParquetSchemaError
+
+    model = build_tiny_qwen2_vl(tmp_path / "model")
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"question": ["<image>hi"], "answer": ["1"]}), bad)
+    with pytest.raises(ParquetSchemaError, match="missing column 'problem'"):
+        cli.main(["eval-vlm", "--checkpoint", str(model), "--parquet", str(bad)])
