@@ -108,6 +108,8 @@ class VLLMRollout:
         self.llm.collective_rpc(_reload_weights, args=(_cast(weights, self.dtype),))
         # Cached prefix KV blocks were computed with the old weights.
         self.llm.reset_prefix_cache()
+        if self.vision is not None:  # and so were the cached image embeddings (by image hash)
+            self.llm.llm_engine.reset_encoder_cache()
 
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """See :class:`mmrl.rollout.base.RolloutEngine`; also sets ``meta["rollout_tokens"]``

@@ -9,6 +9,7 @@ RL trains, so mrope positions and visual inputs are laid out the same way.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -52,7 +53,10 @@ def sft_train_vlm(
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay
     )
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.steps // 10)))
+    # Linear warm-up over the first 10% of steps, then cosine decay to zero.
+    warmup = max(1, cfg.steps // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(
+        (s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * max(0, s + 1 - warmup) / max(1, cfg.steps - warmup)))))
     rng = np.random.default_rng(seed)
     model.train()
     losses = []
