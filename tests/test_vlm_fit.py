@@ -44,8 +44,8 @@ def test_grpo_raises_heldout_counting_accuracy(tmp_path):
     assert result.history[0]["sft/steps"] == 600
 
 
-def test_vision_parquet_trains_and_eval_vlm_prints_accuracy(tmp_path, capsys):
-    """A user's parquet and checkpoint: `mmrl train task=vision_parquet`, then `mmrl eval-vlm`."""
+def parquet_run(tmp_path, *extra: str):
+    """A user's setup: a tiny Qwen2-VL checkpoint and train/val parquet files; returns (config, val file)."""
     model = build_tiny_qwen2_vl(tmp_path / "model", seed=0, min_pixels=112 * 112, max_pixels=112 * 112)
     train = counting_parquet(tmp_path / "train.parquet", 8, seed=0)
     val = counting_parquet(tmp_path / "val.parquet", 4, seed=1)
@@ -54,9 +54,14 @@ def test_vision_parquet_trains_and_eval_vlm_prints_accuracy(tmp_path, capsys):
         f"task.train_files=[{train}]", f"task.val_files=[{val}]",
         "data.train_batch_size=4", "data.max_prompt_length=128", "data.max_response_length=8",
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.freeze_modules=['visual\\.']",
-        "trainer.total_steps=2", "trainer.test_freq=2",
+        "actor_rollout_ref.actor.freeze_modules=['visual\\.']", *extra,
     ))
+    return cfg, val
+
+
+def test_vision_parquet_trains_and_eval_vlm_prints_accuracy(tmp_path, capsys):
+    """A user's parquet and checkpoint: `mmrl train task=vision_parquet`, then `mmrl eval-vlm`."""
+    cfg, val = parquet_run(tmp_path, "trainer.total_steps=2", "trainer.test_freq=2")
     result = fit(cfg)
     assert len(result.series("val/math_answer/mean")) == 2
     assert np.isfinite(result.series("actor/pg_loss")).all()
@@ -68,6 +73,17 @@ def test_vision_parquet_trains_and_eval_vlm_prints_accuracy(tmp_path, capsys):
     assert "accuracy:" in printed and "/4, math_answer, greedy decoding" in printed
     report = json.loads(out.read_text())
     assert report["num_samples"] == 4 and 0.0 <= report["accuracy"] <= 1.0
+
+
+@pytest.mark.slow
+def test_vision_parquet_through_two_ray_workers(tmp_path):
+    """The same run on the Ray hybrid engine: two FSDP workers, each with half of every VLM Batch."""
+    pytest.importorskip("ray")
+    cfg, _ = parquet_run(tmp_path, "trainer.total_steps=2", "trainer.test_freq=0", "trainer.val_before_train=false",
+                         "trainer.n_workers_per_node=2", "trainer.ray_object_store_mb=512", "trainer.dist_timeout_s=120")
+    result = fit(cfg)
+    assert np.isfinite(result.series("actor/pg_loss")).all()
+    assert max(result.series("rollout/logprob_diff_max")) < 1e-3
 
 
 def test_eval_vlm_names_a_bad_column(tmp_path):
