@@ -1,6 +1,6 @@
 """Multi-seed proof that GRPO raises held-out accuracy on the procedural visual-counting task.
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_vlm_grpo --seeds 0 1 2 trainer.total_steps=40 trainer.test_freq=20
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_vlm_grpo trainer.total_steps=40 trainer.test_freq=20 --seeds 0 1 2
 
 Each seed runs ``mmrl train task=visual_counting`` as configured in
 ``configs/task/visual_counting.yaml`` (a tiny Qwen2-VL built from config, the fixed SFT
