@@ -17,7 +17,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoModelForTokenClassification,
+    AutoProcessor,
+    AutoTokenizer,
+)
 
 from mmrl.hybrid import fsdp
 from mmrl.hybrid.dispatch import Dispatch, register
@@ -43,7 +50,10 @@ def load_causal_lm(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
         )
     if dtype not in DTYPES:
         raise ValueError(f"actor_rollout_ref.model.dtype={dtype!r}; expected one of {sorted(DTYPES)}")
-    return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True)
+    # A VLM (Qwen2-VL, Qwen2.5-VL: the config has a vision tower) loads with its vision tower.
+    vlm = getattr(AutoConfig.from_pretrained(path, local_files_only=True), "vision_config", None) is not None
+    auto = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
+    return auto.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True)
 
 
 def load_policy(path: str | Path, dtype: str = "float32") -> tuple[torch.nn.Module, object | None]:
@@ -81,12 +91,16 @@ class ActorRolloutRefWorker:
         mp_policy = fsdp.mixed_precision_policy(cfg.trainer.mixed_precision, self.device.type)
         model, self.tokenizer = load_policy(model_path, arr.model.dtype)
         model = model.to(self.device)
+        # A VLM checkpoint also carries its image/video processor; saved checkpoints keep it.
+        is_vlm = getattr(getattr(model, "config", None), "vision_config", None) is not None
+        self.processor = AutoProcessor.from_pretrained(model_path, local_files_only=True) if is_vlm else None
         ref = copy.deepcopy(model).eval().requires_grad_(False) if need_ref else None
+        actor_fns.freeze_modules(model, arr.actor.freeze_modules)
         self.model = fsdp.shard_model(model, mp_policy)
         self.ref_model = fsdp.shard_model(ref, mp_policy) if ref is not None else None
         # Built over the sharded parameters, so each rank holds only its shard of Adam's state.
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=arr.actor.lr, weight_decay=arr.actor.weight_decay
+            [p for p in self.model.parameters() if p.requires_grad], lr=arr.actor.lr, weight_decay=arr.actor.weight_decay
         )
         self.mini_batch_size = local_mini_batch_size(
             arr.actor.ppo_mini_batch_size * arr.rollout.n, self.world_size,
@@ -165,8 +179,9 @@ class ActorRolloutRefWorker:
         state = fsdp.full_state_dict(self.model, on_every_rank=False)
         if self.rank == 0:
             self.model.save_pretrained(path, state_dict=state, safe_serialization=True)
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(path)
+            files = self.processor or self.tokenizer  # a latent policy has neither
+            if files is not None:
+                files.save_pretrained(path)
         return path
 
     @register(Dispatch.ALL)

@@ -15,12 +15,17 @@ from mmrl.processors.vision_inputs import (
     MODEL_VISUAL_KEYS,
     check_vision_tokens,
     collate_multi_modal,
-    extend_position_ids,
     mm_token_type_ids,
 )
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams, finish_rollout
 from mmrl.trainer import core_algos
+
+
+def is_vlm(model: nn.Module) -> bool:
+    """A Qwen-VL style model: its config names an image placeholder token and a vision tower."""
+    config = getattr(model, "config", None)
+    return getattr(config, "image_token_id", None) is not None and hasattr(config, "vision_config")
 
 
 def _vision_ids(model: nn.Module) -> tuple[int, int, int]:
@@ -105,6 +110,18 @@ def vlm_response_log_probs(
     return log_probs, entropy
 
 
+def _init_fsdp_root(model: nn.Module) -> None:
+    """Make an FSDP2-wrapped model its own root before ``generate``.
+
+    FSDP2 takes the first module that runs forward as the root. transformers' VLM
+    ``generate`` encodes the images with the vision tower before the model's first
+    forward, which would make a vision block the root and fail that forward.
+    """
+    get_state = getattr(model, "_get_fsdp_state", None)
+    if get_state is not None:
+        get_state()._lazy_init()
+
+
 @torch.no_grad()
 def generate_vlm(
     model: nn.Module, prompts: Batch, sampling: SamplingParams, eos_token_id: int, pad_token_id: int
@@ -115,9 +132,12 @@ def generate_vlm(
     ``input_ids``/``attention_mask`` to [B, P + T] and ``position_ids`` to [B, 3, P + T].
     ``multi_modal_inputs`` of the result are the same objects as the prompts' (not copied).
     """
+    if sampling.allowed_token_ids is not None or sampling.min_tokens:
+        raise NotImplementedError("generate_vlm supports no allowed_token_ids/min_tokens constraints")
     image_id, video_id, _ = _vision_ids(model)
     stop_ids = {eos_token_id, *sampling.stop_token_ids}
     visual = visual_model_inputs(model, prompts)
+    _init_fsdp_root(model)
     was_training = model.training
     model.eval()
     with torch.random.fork_rng(devices=[]):
@@ -151,14 +171,5 @@ def generate_vlm(
         responses = torch.nn.functional.pad(responses, (0, pad), value=pad_token_id)
         log_probs = torch.nn.functional.pad(log_probs, (0, pad), value=0.0)
 
-    # finish_rollout handles 1-D positions and deep-copies non-tensor fields; give it a view
-    # without the mrope positions and the (large) visual inputs, then put both back.
-    text_keys = [k for k in prompts.keys() if k != "position_ids"]  # noqa: SIM118 (iterating a Batch yields rows)
-    text_view = prompts.select(tensor_keys=text_keys, non_tensor_keys=[])
-    text_view["position_ids"] = torch.zeros_like(prompts["attention_mask"])
-    rollout = finish_rollout(text_view, responses, log_probs, stop_ids, pad_token_id)
-    rollout.pop(tensor_keys=["position_ids"])
-    rollout["position_ids"] = extend_position_ids(prompts["position_ids"], responses.shape[1])
-    for key, values in prompts.non_tensor.items():
-        rollout[key] = values
-    return rollout
+    # Extends the mrope positions; multi_modal_inputs are carried by reference.
+    return finish_rollout(prompts, responses, log_probs, stop_ids, pad_token_id)

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 import torch
 
+from mmrl.processors.vision_inputs import extend_position_ids
 from mmrl.protocol import Batch
 
 
@@ -113,6 +114,10 @@ def finish_rollout(
 ) -> Batch:
     """Mask everything after the first stop token and append responses to the prompts.
 
+    Position ids continue after the prompt (:func:`extend_position_ids`): [B, P] for 1-D
+    rope, [B, 3, P] for mrope. Non-tensor fields (``multi_modal_inputs``, ...) are carried
+    by reference: the result's object arrays are new, their elements the prompts' own.
+
     Args:
         prompts: left-padded prompt batch, ``input_ids`` [B, P].
         responses: sampled token ids [B, T], any content after the stop token.
@@ -129,12 +134,10 @@ def finish_rollout(
     log_probs = torch.where(response_mask.bool(), log_probs, torch.zeros_like(log_probs))
     clipped = ~is_stop.any(dim=1)
 
-    out = prompts.clone()
-    last_pos = prompts["position_ids"][:, -1:]
-    steps = torch.arange(1, responses.shape[1] + 1).unsqueeze(0)
+    out = Batch(prompts.tensors.clone(), {k: v.copy() for k, v in prompts.non_tensor.items()}, dict(prompts.meta))
     out["input_ids"] = torch.cat([prompts["input_ids"], responses], dim=1)
     out["attention_mask"] = torch.cat([prompts["attention_mask"], response_mask.long()], dim=1)
-    out["position_ids"] = torch.cat([prompts["position_ids"], last_pos + steps], dim=1)
+    out["position_ids"] = extend_position_ids(prompts["position_ids"], responses.shape[1])
     out["responses"] = responses
     out["response_mask"] = response_mask
     out["rollout_log_probs"] = log_probs

@@ -39,6 +39,10 @@ class HFRollout:
 
     @torch.no_grad()
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        if "multi_modal_inputs" in prompts:  # a VLM prompt batch (images, video, mrope positions)
+            from mmrl.processors.vision_forward import generate_vlm
+
+            return generate_vlm(self.model, prompts, sampling, self.eos_token_id, self.pad_token_id)
         stop_ids = {self.eos_token_id, *sampling.stop_token_ids}
         config = GenerationConfig(
             max_new_tokens=sampling.max_tokens,

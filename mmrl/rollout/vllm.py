@@ -6,14 +6,16 @@ the actor's weights in place through :meth:`VLLMRollout.sync_weights`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoConfig, PreTrainedTokenizerBase
 
+from mmrl.processors.media import load_image
 from mmrl.protocol import Batch
 from mmrl.rollout.base import (
     SUPPORT_KEY,
@@ -73,6 +75,9 @@ class VLLMRollout:
                 f"actor_rollout_ref.rollout.dtype={cfg.dtype!r}; expected 'auto' or one of {sorted(NAME_DTYPES)}"
             )
         self.dtype = NAME_DTYPES[dtype]
+        self.vision = VisionPrompts.from_config(
+            AutoConfig.from_pretrained(model_path, local_files_only=True), len(tokenizer)
+        )
         kv_bytes = int(cfg.kv_cache_memory_gib * 2**30) if cfg.kv_cache_memory_gib else None
         set_num_threads = torch.set_num_threads
         self.llm = vllm.LLM(
@@ -109,18 +114,24 @@ class VLLMRollout:
         self.llm.collective_rpc(_reload_weights, args=(_cast(weights, self.dtype),))
         # Cached prefix KV blocks were computed with the old weights.
         self.llm.reset_prefix_cache()
+        if self.vision is not None:  # and so were the cached image embeddings (by image hash)
+            self.llm.llm_engine.reset_encoder_cache()
 
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """See :class:`mmrl.rollout.base.RolloutEngine`; also sets ``meta["rollout_tokens"]``
         (sampled tokens, stop tokens included) and ``meta["rollout_time_s"]`` (engine time)."""
         token_ids = self._prompt_token_ids(prompts, sampling.max_tokens)
         stop_ids = {self.eos_token_id, *sampling.stop_token_ids}
+        if self.vision is not None and sampling.allowed_token_ids is None:
+            sampling = dataclasses.replace(sampling, allowed_token_ids=self.vision.allowed_token_ids)
         params = self._request_params(sampling, stop_ids, len(token_ids))
+        requests = (self.vision.requests(prompts, token_ids) if self.vision is not None
+                    else [TokensPrompt(prompt_token_ids=ids) for ids in token_ids])
         start = time.perf_counter()
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=ids) for ids in token_ids], params, use_tqdm=False
-        )
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
         elapsed_s = time.perf_counter() - start
+        if self.vision is not None:
+            self.vision.check_expansion(outputs, token_ids)
 
         shape = (len(outputs), sampling.max_tokens)
         responses = torch.full(shape, self.pad_token_id, dtype=torch.long)
@@ -181,6 +192,66 @@ class VLLMRollout:
             )
             for row in range(rows)
         ]
+
+
+@dataclasses.dataclass
+class VisionPrompts:
+    """VLM requests: vLLM runs the model's HF processor itself on the raw media.
+
+    The prompt Batch holds expanded placeholders (one ``<|image_pad|>`` per vision token);
+    vLLM expands each placeholder it is given, so every run of placeholders is collapsed to
+    one token first and vLLM's expansion is checked against the Batch's. Vision tokens are
+    never sampled (``allowed_token_ids`` is the vocabulary without them), as in
+    :func:`mmrl.processors.vision_forward.generate_vlm`, so the sampling log-probs describe
+    the distribution that ``vlm_response_log_probs`` recomputes.
+    """
+
+    placeholder_ids: tuple[int, ...]
+    allowed_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_config(cls, config, tokenizer_size: int) -> VisionPrompts | None:
+        """None for a text model; ids above the tokenizer's (padded embedding rows) are never allowed."""
+        if getattr(config, "vision_config", None) is None or getattr(config, "image_token_id", None) is None:
+            return None
+        names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+        suppressed = {int(getattr(config, n)) for n in names if getattr(config, n, None) is not None}
+        vocab = min(config.get_text_config().vocab_size, tokenizer_size)
+        placeholders = tuple(int(getattr(config, n)) for n in names[:2] if getattr(config, n, None) is not None)
+        return cls(placeholders, tuple(i for i in range(vocab) if i not in suppressed))
+
+    def requests(self, prompts: Batch, token_ids: list[list[int]]) -> list[TokensPrompt]:
+        if "multi_modal_inputs" in prompts and "multi_modal_data" not in prompts:
+            raise ValueError(
+                "the vLLM engine needs the raw images of VLM prompts (non-tensor multi_modal_data): "
+                "set data.keep_raw_media=true"
+            )
+        media = prompts["multi_modal_data"] if "multi_modal_data" in prompts else [None] * len(token_ids)
+        out = []
+        for i, (ids, raw) in enumerate(zip(token_ids, media, strict=True)):
+            request = TokensPrompt(prompt_token_ids=self.collapse(ids))
+            if raw and raw.get("video"):
+                raise NotImplementedError(
+                    f"sample {i}: video prompts are not wired into the vLLM engine yet; use rollout.name=hf"
+                )
+            if raw and raw.get("image"):
+                request["multi_modal_data"] = {"image": [load_image(x) for x in raw["image"]]}
+            out.append(request)
+        return out
+
+    def collapse(self, ids: list[int]) -> list[int]:
+        """One placeholder per image/video: drop a placeholder that repeats the token before it."""
+        return [t for j, t in enumerate(ids) if not (j and t == ids[j - 1] and t in self.placeholder_ids)]
+
+    @staticmethod
+    def check_expansion(outputs, token_ids: list[list[int]]) -> None:
+        for i, (output, ids) in enumerate(zip(outputs, token_ids, strict=True)):
+            if len(output.prompt_token_ids) != len(ids):
+                raise ValueError(
+                    f"sample {i}: vLLM expanded the prompt to {len(output.prompt_token_ids)} tokens but "
+                    f"the prompt Batch has {len(ids)}: vLLM's processor (from the checkpoint) resized "
+                    "the images differently; make data.min_pixels/max_pixels match the saved processor"
+                )
 
 
 def _cast(

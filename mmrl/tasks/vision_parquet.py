@@ -8,15 +8,20 @@ directory (model, processor and tokenizer). Nothing is built from config here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 from transformers import AutoProcessor, PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
 
 from mmrl.data import VisionPromptDataset, load_vision_parquet
 from mmrl.processors.vision import VisionSample
+from mmrl.processors.vision_prompts import VisionPromptProcessor
 from mmrl.tasks.base import Task, TaskData, register_task
 from mmrl.trainer.sft import SFTConfig
+
+if TYPE_CHECKING:
+    from mmrl.trainer.config import RunConfig
 
 
 @dataclass
@@ -79,3 +84,6 @@ class VisionParquetTask(Task):
 
     def samples(self, dataset: VisionPromptDataset, processor: ProcessorMixin, split: str) -> list[VisionSample]:
         return dataset.samples(processor, self.cfg.system_prompt, self.cfg.instruction, key_prefix=split)
+
+    def build_prompt_processor(self, model_path: Path, cfg: RunConfig) -> VisionPromptProcessor:
+        return VisionPromptProcessor.from_pretrained(model_path, cfg, self.samples)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import io
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 from PIL import Image, ImageDraw
@@ -20,8 +21,14 @@ from transformers import PreTrainedTokenizerBase, ProcessorMixin, Qwen2VLForCond
 from mmrl.data import VisionPromptDataset
 from mmrl.processors.tiny_vlm import build_tiny_qwen2_vl_processor, tiny_qwen2_vl_config
 from mmrl.processors.vision import VisionSample
+from mmrl.processors.vision_prompts import VisionPromptProcessor
 from mmrl.tasks.base import Task, TaskData, register_task
+from mmrl.trainer.actor import freeze_modules
 from mmrl.trainer.sft import SFTConfig
+from mmrl.trainer.sft_vlm import warm_up_vlm
+
+if TYPE_CHECKING:
+    from mmrl.trainer.config import RunConfig
 
 COLORS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
 SHAPES = ("circle", "square", "triangle")
@@ -39,6 +46,9 @@ class VisualCountingConfig:
     train_size: int = 2000
     val_size: int = 128
     question: str = "How many {color} shapes are there?"
+    # Where the image goes: before the question (`<image>{question}`) or after it. After it,
+    # the image tokens see the asked colour (causal attention), which a 2-layer model needs.
+    problem: str = "{question}<image>"
     instruction: str = " Think in <think></think>, then answer in <answer></answer>."
     model: dict[str, Any] = field(default_factory=dict)  # text-decoder overrides of tiny_qwen2_vl_config
     vision: dict[str, Any] = field(default_factory=dict)  # vision-tower overrides
@@ -80,7 +90,7 @@ def make_counting_dataset(cfg: VisualCountingConfig, n: int, seed: int) -> Visio
         color, count = rng.choice(cfg.colors), rng.randint(cfg.min_count, cfg.max_count)
         buf = io.BytesIO()
         render_shapes(rng, cfg, color, count).save(buf, format="PNG")
-        problems.append("<image>" + cfg.question.format(color=color))
+        problems.append(cfg.problem.format(question=cfg.question.format(color=color)))
         answers.append(str(count))
         images.append([buf.getvalue()])
         extra.append({"color": color})
@@ -127,6 +137,27 @@ class VisualCountingTask(Task):
 
     def sft_pairs(self, data: TaskData) -> tuple[list[str], list[str]]:
         """(problem, target) pairs; the problems hold ``<image>``, so VLM SFT pairs them with ``data.train.images``."""
-        targets = [counting_target(a, info["color"])
-                   for a, info in zip(data.train.ground_truth, data.train.extra_info, strict=True)]
-        return data.train.problems, targets
+        return data.train.problems, self.sft_targets(data.train)
+
+    @staticmethod
+    def sft_targets(dataset: VisionPromptDataset) -> list[str]:
+        return [counting_target(a, info["color"]) for a, info in zip(dataset.ground_truth, dataset.extra_info, strict=True)]
+
+    def build_prompt_processor(self, model_path: Path, cfg: RunConfig) -> VisionPromptProcessor:
+        return VisionPromptProcessor.from_pretrained(model_path, cfg, self.samples)
+
+    def initial_model(self, cfg: RunConfig) -> tuple[Path, dict[str, float]]:
+        """The tiny Qwen2-VL from config after the VLM SFT warm-up (``task.sft``: a budget
+        fixed before RL), saved with its processor under ``<output_dir>/init_model``. Parameters
+        that ``actor.freeze_modules`` freezes in RL are frozen here too."""
+        processor = self.build_processor()
+        model = self.build_model(processor.tokenizer)
+        freeze_modules(model, cfg.actor_rollout_ref.actor.freeze_modules)  # as in RL
+        path = cfg.output_dir / "init_model"
+        processor.save_pretrained(path)
+        model.save_pretrained(path, safe_serialization=True)  # the prompt processor reads its config
+        train = self.build_data(cfg.trainer.seed).train
+        metrics = warm_up_vlm(model, processor, self.build_prompt_processor(path, cfg), train,
+                              self.sft_targets(train), self.sft_config, cfg.trainer.seed, cfg.trainer.progress_bar)
+        model.save_pretrained(path, safe_serialization=True)
+        return path, metrics

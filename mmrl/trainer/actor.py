@@ -6,7 +6,9 @@ wrapped (in-process, FSDP) and where it runs.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -29,11 +31,18 @@ def forward_response_log_probs(
     Logits are divided by ``temperature`` so they describe the same distribution
     the rollout sampled from. A policy whose steps are not tokens (a latent policy)
     defines ``response_log_probs(batch, temperature, with_entropy)`` with the same
-    contract, and is called instead.
+    contract, and is called instead. A VLM batch (``multi_modal_inputs``, mrope
+    ``position_ids`` [b, 3, L]) goes through
+    :func:`~mmrl.processors.vision_forward.vlm_response_log_probs`, which collates this
+    micro-batch's visual inputs.
     """
     own = getattr(model, "response_log_probs", None)
     if own is not None:
         return own(batch, temperature, with_entropy)
+    if "multi_modal_inputs" in batch:
+        from mmrl.processors.vision_forward import vlm_response_log_probs
+
+        return vlm_response_log_probs(model, batch, temperature, with_entropy)
     responses = batch["responses"]
     logits = model(**{k: batch[k] for k in MODEL_INPUTS}, use_cache=False).logits
     # The logit at position i predicts token i + 1: the last T+1..1 positions score the response.
@@ -43,6 +52,29 @@ def forward_response_log_probs(
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     entropy = core_algos.entropy_from_logits(logits) if with_entropy else None
     return log_probs, entropy
+
+
+def freeze_modules(model: nn.Module, patterns: Sequence[str]) -> list[str]:
+    """Set ``requires_grad=False`` on parameters whose name matches any regex (``re.search``).
+
+    Call before building the optimizer. Returns the frozen names; a pattern that matches
+    nothing is an error naming it and a few parameter names.
+    """
+    names = [name for name, _ in model.named_parameters()]
+    frozen = []
+    for pattern in patterns:
+        regex = re.compile(pattern)
+        hits = [name for name in names if regex.search(name)]
+        if not hits:
+            raise ValueError(
+                f"actor_rollout_ref.actor.freeze_modules: {pattern!r} matches no parameter of "
+                f"{type(model).__name__} (names look like {names[:3]} ... {names[-2:]})"
+            )
+        frozen += hits
+    params = dict(model.named_parameters())
+    for name in frozen:
+        params[name].requires_grad_(False)
+    return sorted(set(frozen))
 
 
 @torch.no_grad()

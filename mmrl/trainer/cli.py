@@ -1,4 +1,4 @@
-"""The ``mmrl`` command line: ``mmrl train [hydra overrides...]``."""
+"""The ``mmrl`` command line: ``mmrl train [hydra overrides...]``, ``mmrl eval-vlm ...``."""
 
 from __future__ import annotations
 
@@ -63,12 +63,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p_wm.add_argument("overrides", nargs="*", help="e.g. data.env=push train.steps=1500")
     sub.add_parser("eval", help="evaluate a world-model checkpoint on trajectory or mp4 data (mmrl eval --help)")
+    from mmrl.trainer import eval_vlm  # VLM accuracy of a checkpoint on a parquet file
+
+    eval_vlm.add_arguments(sub.add_parser("eval-vlm", help="accuracy of a VLM checkpoint on a parquet file"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train":
         return train(args.overrides, args.config_name)
     if args.command == "pretrain-worldmodel":
         return pretrain_worldmodel(args.overrides)
+    if args.command == "eval-vlm":
+        return eval_vlm.main(args)
     return 2
 
 

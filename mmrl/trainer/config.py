@@ -22,6 +22,17 @@ class DataConfig:
     max_response_length: int = 8
     filter_overlong_prompts: bool = False
     shuffle: bool = True
+    # Prompts with images and video (VLM tasks; docs/vlm.md). None keeps the model processor's value.
+    min_pixels: int | None = None  # area bounds of resized images
+    max_pixels: int | None = None
+    video_min_pixels: int | None = None  # the same per video frame
+    video_max_pixels: int | None = None
+    video_fps: float = 2.0  # frames sampled per second of video, clamped to [video_min_frames, video_max_frames]
+    video_min_frames: int = 2
+    video_max_frames: int = 16
+    truncation: str = "error"  # error | left | right: drop text tokens of overlong prompts (never vision tokens)
+    keep_raw_media: bool = False  # keep raw media beside the processed pixels (the vLLM engine turns it on)
+    cache_size: int = 4096  # processed prompts kept (per-uid cache, LRU); 0 disables
 
 
 @dataclass
@@ -47,6 +58,9 @@ class ActorConfig:
     kl_loss_coef: float = 0.01
     kl_loss_type: str = "low_var_kl"
     grad_clip: float = 1.0
+    # Regexes over parameter names (re.search); matching parameters are frozen before the
+    # optimizer is built, e.g. ["visual\\."] freezes a Qwen-VL vision tower (model.visual.*).
+    freeze_modules: list[str] = field(default_factory=list)
 
 
 @dataclass
