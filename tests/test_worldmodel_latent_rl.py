@@ -165,3 +165,47 @@ def test_grpo_raises_heldout_reward_of_the_latent_world_model(tmp_path):
     assert val[-1] > val[0] + 0.002, f"held-out score did not rise: {val}"
     assert max(result.series("actor/kl_loss")) < 10.0
     assert max(result.series("rollout/logprob_diff_max")) < 1e-3
+
+
+@pytest.fixture(scope="module")
+def latent_folder(tmp_path_factory):
+    """A tiny random latent policy folder with its (random) autoencoder, and push data it fits."""
+    from mmrl.worldmodel.data import generate_dataset
+    from mmrl.worldmodel.latent_ae import AEConfig, LatentAutoencoder, build_ae_model
+
+    root = tmp_path_factory.mktemp("latent_eval")
+    torch.manual_seed(0)
+    random_policy().save_pretrained(root / "policy")
+    LatentAutoencoder(build_ae_model(AEConfig(block_out_channels=[8, 8, 8]), 32)).save_pretrained(
+        root / "policy" / AUTOENCODER_DIR)
+    data = generate_dataset("push", 2, 5, root / "push", seed=0, progress=False)
+    return root / "policy", data
+
+
+def test_eval_prints_table_for_a_latent_policy(latent_folder, tmp_path, capsys):
+    from mmrl.worldmodel.evaluate import main
+
+    policy, data = latent_folder
+    assert main(["--model", str(policy), "--data", str(data), "--windows", "3", "--samples", "2",
+                 "--json", str(tmp_path / "m.json")]) == 0
+    out = capsys.readouterr().out
+    assert "latent policy; 3 windows" in out and "2 context frames, 2 predicted" in out and "env: push" in out
+    assert "| model (greedy) |" in out and "| model (sampled x2, T=1) |" in out
+    assert "copy last context frame (through the AE)" in out
+    rows = json.loads((tmp_path / "m.json").read_text())
+    for name in ("model (greedy)", "model (sampled x2, T=1)"):
+        m = rows[name]
+        assert all(np.isfinite(m[k]) for k in ("psnr", "ssim", "lpips", "mae", "state_match")), m
+        assert m["valid"] == 1.0
+
+
+def test_eval_latent_policy_mismatches_are_clear(latent_folder, tmp_path):
+    from mmrl.worldmodel.data import generate_dataset
+    from mmrl.worldmodel.evaluate import main
+
+    policy, push = latent_folder
+    grid = generate_dataset("grid", 1, 5, tmp_path / "grid", seed=0, progress=False)
+    with pytest.raises(ValueError, match=f"{grid}: actions have dimension 1; the latent policy takes 2"):
+        main(["--model", str(policy), "--data", str(grid)])
+    with pytest.raises(ValueError, match=f"{push}: the longest trajectory has 5 frames; the model needs 6"):
+        main(["--model", str(policy), "--data", str(push), "--future", "4"])

@@ -1,5 +1,5 @@
-"""Held-out evaluation of a token world model, the closed-loop ``state_match`` score,
-and the ``mmrl eval`` command.
+"""Held-out evaluation of a token world model or a latent policy, the closed-loop
+``state_match`` score, and the ``mmrl eval`` command.
 
 Metrics per predicted frame, averaged over frames and windows: PSNR (dB), SSIM,
 LPIPS (AlexNet), MAE (pixel units in [0, 1]), and, where the environment is known,
@@ -253,16 +253,94 @@ def check_source_fits(source: Any, processor: TokenWorldModelProcessor, tokenize
         )
 
 
+def check_trajectory_length(source: Any, context: int, future: int, where: str) -> None:
+    """Raise unless some trajectory has the ``context + future`` frames one window needs."""
+    longest = max((source.num_frames(i) for i in range(len(source))), default=0)
+    if longest < context + future:
+        raise ValueError(
+            f"{where}: the longest trajectory has {longest} frames; the model needs {context + future} "
+            f"({context} context + {future} predicted)"
+        )
+
+
+def load_latent_policy(model_dir: str | Path):
+    """``(policy, autoencoder)`` of a latent policy folder (``latent_policy.json`` + ``autoencoder/``)."""
+    from mmrl.worldmodel.latent_ae import LatentAutoencoder
+    from mmrl.worldmodel.latent_policy import AUTOENCODER_DIR, GaussianLatentPolicy
+
+    ae_dir = Path(model_dir) / AUTOENCODER_DIR
+    if not ae_dir.is_dir():
+        raise FileNotFoundError(
+            f"{model_dir} has no {AUTOENCODER_DIR}/ folder: a latent policy folder carries the "
+            "autoencoder that defines its latent space"
+        )
+    return GaussianLatentPolicy.from_pretrained(model_dir).float().eval(), LatentAutoencoder.from_pretrained(ae_dir)
+
+
+def check_source_fits_latent(source: Any, policy: Any, ae: Any, where: str) -> None:
+    """Raise unless the data's frame size and action dimension are the latent policy's."""
+    info, size, dim = source.info, ae.frame_size, policy.cfg.action_dim
+    if (info.height, info.width) != (size, size):
+        raise ValueError(f"{where}: frames are {info.height}x{info.width}, the policy's autoencoder takes {size}x{size}")
+    if info.action.dim != dim:
+        raise ValueError(f"{where}: actions have dimension {info.action.dim}; the latent policy takes {dim}")
+
+
+def predict_latent(policy: Any, ae: Any, windows: Any, greedy: bool, temperature: float = 1.0,
+                   seed: int = 0) -> np.ndarray:
+    """Frames ``uint8 [N, F, H, W, 3]`` predicted for ``windows`` by a latent policy: its means
+    (``greedy``) or samples at ``temperature``, through the same processor and rollout engine as RL."""
+    from mmrl.processors.latent import LatentWorldModelProcessor
+    from mmrl.rollout import SamplingParams
+    from mmrl.rollout.latent import LatentRollout
+
+    processor = LatentWorldModelProcessor(ae, windows.context.shape[1], windows.future.shape[1])
+    prompts = processor.encode_dataset(windows, "eval")
+    sampling = SamplingParams(**processor.sampling_overrides(), do_sample=not greedy, temperature=temperature,
+                              seed=seed)
+    return processor.decode(LatentRollout(policy).generate(prompts, sampling))["pred_frames"].numpy()
+
+
+def evaluate_latent(policy: Any, ae: Any, windows: Any, greedy: bool, samples: int = 1, seed: int = 0,
+                    temperature: float = 1.0) -> EvalResult:
+    """Like :func:`evaluate_model` for a latent policy (greedy: the means; no invalid frames)."""
+    ok = np.ones(len(windows), bool)
+    per_run, first = [], None
+    for r in range(1 if greedy else samples):
+        frames = predict_latent(policy, ae, windows, greedy, temperature, seed + 7919 * r)
+        first = frames if first is None else first
+        per_run.append(frame_scores(frames, windows.future, ok, windows.env))
+    return EvalResult({k: _nanmean(np.concatenate([s[k] for s in per_run])) for k in METRICS}, first)
+
+
+def latent_reference_rows(windows: Any, ae: Any, future: int) -> dict[str, dict[str, float]]:
+    """Two references through the policy's autoencoder: copying the last context frame, and
+    the true future itself (the autoencoder's ceiling), both encoded and decoded."""
+    last = np.repeat(windows.context[:, -1:], future, axis=1)
+    ok = np.ones(len(windows), bool)
+    rows = {}
+    for name, frames in (("copy last context frame (through the AE)", last),
+                         ("autoencoder ceiling (true future through the AE)", windows.future)):
+        flat = ae.decode(ae.encode(frames.reshape(-1, *frames.shape[2:]))).reshape(frames.shape)
+        rows[name] = {k: _nanmean(v) for k, v in frame_scores(flat, windows.future, ok, windows.env).items()}
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``mmrl eval --model DIR --data DIR``: metrics of a world-model checkpoint on trajectory data."""
+    """``mmrl eval --model DIR --data DIR``: metrics of a world-model checkpoint (token world
+    model or latent policy folder) on trajectory data."""
     import argparse
 
     from mmrl.processors.worldmodel import load_windows
+    from mmrl.worldmodel.latent_policy import is_latent_policy_dir
 
     p = argparse.ArgumentParser(prog="mmrl eval", description=main.__doc__)
-    p.add_argument("--model", required=True, help="world-model checkpoint (token_wm/best, an RL actor/ folder)")
+    p.add_argument("--model", required=True, help="world-model checkpoint (token_wm/best, an RL actor/ folder) "
+                   "or a latent policy folder (latent_policy.json + autoencoder/)")
     p.add_argument("--data", required=True, help="trajectory dataset folder, or a folder of .mp4 + actions")
     p.add_argument("--tokenizer", help="VQ tokenizer folder (default: <model>/vq_tokenizer)")
+    p.add_argument("--future", type=int, default=2,
+                   help="frames a latent policy predicts per window (token models use their own)")
     p.add_argument("--windows", type=int, default=64, help="windows drawn from the data (all if fewer)")
     p.add_argument("--samples", type=int, default=4, help="sampled predictions per window")
     p.add_argument("--temperature", type=float, default=1.0)
@@ -270,19 +348,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the metrics here")
     args = p.parse_args(argv)
-    model, processor, tokenizer = load_checkpoint(args.model, args.tokenizer)
-    source = open_trajectories(args.data, args.num_actions)
-    check_source_fits(source, processor, tokenizer, args.data)
-    windows = load_windows(source, processor.context, processor.future, args.windows, args.seed)
-    rows = {
-        "model (greedy)": evaluate_model(model, processor, tokenizer, windows, True, seed=args.seed).metrics,
-        f"model (sampled x{args.samples}, T={args.temperature:g})": evaluate_model(
-            model, processor, tokenizer, windows, False, args.samples, args.seed, args.temperature).metrics,
-    }
-    rows.update(reference_rows(windows, tokenizer, processor.future))
+    sampled = f"model (sampled x{args.samples}, T={args.temperature:g})"
+    if is_latent_policy_dir(args.model):
+        policy, ae = load_latent_policy(args.model)
+        context, future = policy.cfg.context, args.future
+        source = open_trajectories(args.data, args.num_actions)
+        check_source_fits_latent(source, policy, ae, args.data)
+        check_trajectory_length(source, context, future, args.data)
+        windows = load_windows(source, context, future, args.windows, args.seed)
+        rows = {
+            "model (greedy)": evaluate_latent(policy, ae, windows, True, seed=args.seed).metrics,
+            sampled: evaluate_latent(policy, ae, windows, False, args.samples, args.seed, args.temperature).metrics,
+        }
+        rows.update(latent_reference_rows(windows, ae, future))
+        kind = "latent policy"
+    else:
+        model, processor, tokenizer = load_checkpoint(args.model, args.tokenizer)
+        context, future = processor.context, processor.future
+        source = open_trajectories(args.data, args.num_actions)
+        check_source_fits(source, processor, tokenizer, args.data)
+        check_trajectory_length(source, context, future, args.data)
+        windows = load_windows(source, context, future, args.windows, args.seed)
+        rows = {
+            "model (greedy)": evaluate_model(model, processor, tokenizer, windows, True, seed=args.seed).metrics,
+            sampled: evaluate_model(
+                model, processor, tokenizer, windows, False, args.samples, args.seed, args.temperature).metrics,
+        }
+        rows.update(reference_rows(windows, tokenizer, future))
+        kind = "token world model"
     env = windows.env["name"] if windows.env else "unknown (no state match)"
-    print(f"\n{len(windows)} windows of {args.data} (env: {env}); {processor.context} context frames, "
-          f"{processor.future} predicted\n")
+    print(f"\n{kind}; {len(windows)} windows of {args.data} (env: {env}); {context} context frames, "
+          f"{future} predicted\n")
     print(format_table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
