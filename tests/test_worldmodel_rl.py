@@ -185,6 +185,8 @@ def test_eval_errors_are_clear(grid_dir, checkpoint, tmp_path):
     np.save(videos / "a.npy", np.zeros(3))
     with pytest.raises(ValueError, match="frames are 16x16, the model's tokenizer takes 32x32"):
         main(["--model", model_dir, "--data", str(videos), "--num-actions", "5"])
+    with pytest.raises(ValueError, match="--future 3: the token world model .* predicts 1 frames"):
+        main(["--model", model_dir, "--data", str(grid_dir), "--future", "3"])
     push = generate_dataset("push", 1, 4, tmp_path / "push", seed=0, progress=False)
     with pytest.raises(ValueError, match="actions are continuous .*the model takes discrete"):
         main(["--model", model_dir, "--data", str(push)])

@@ -339,8 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                    "or a latent policy folder (latent_policy.json + autoencoder/)")
     p.add_argument("--data", required=True, help="trajectory dataset folder, or a folder of .mp4 + actions")
     p.add_argument("--tokenizer", help="VQ tokenizer folder (default: <model>/vq_tokenizer)")
-    p.add_argument("--future", type=int, default=2,
-                   help="frames a latent policy predicts per window (token models use their own)")
+    p.add_argument("--future", type=int,
+                   help="frames a latent policy predicts per window (default 2; a token model has its own)")
     p.add_argument("--windows", type=int, default=64, help="windows drawn from the data (all if fewer)")
     p.add_argument("--samples", type=int, default=4, help="sampled predictions per window")
     p.add_argument("--temperature", type=float, default=1.0)
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     sampled = f"model (sampled x{args.samples}, T={args.temperature:g})"
     if is_latent_policy_dir(args.model):
         policy, ae = load_latent_policy(args.model)
-        context, future = policy.cfg.context, args.future
+        context, future = policy.cfg.context, args.future or 2
         source = open_trajectories(args.data, args.num_actions)
         check_source_fits_latent(source, policy, ae, args.data)
         check_trajectory_length(source, context, future, args.data)
@@ -365,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         model, processor, tokenizer = load_checkpoint(args.model, args.tokenizer)
         context, future = processor.context, processor.future
+        if args.future is not None and args.future != future:
+            raise ValueError(f"--future {args.future}: the token world model {args.model} predicts {future} frames")
         source = open_trajectories(args.data, args.num_actions)
         check_source_fits(source, processor, tokenizer, args.data)
         check_trajectory_length(source, context, future, args.data)
