@@ -1,6 +1,6 @@
 """Ray mode with real processes: 2 FSDP workers against 1, a `ray start` head, a killed worker.
 
-One local Ray (2 CPUs, a small object store, no dashboard) serves the whole session;
+One local Ray (2 CPUs, a small object store, no dashboard) serves this module;
 the `ray start` test runs its own head and its driver in subprocesses.
 """
 
@@ -48,7 +48,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # other test files start their own Ray
 def local_ray() -> Iterator[None]:
     ray.init(address="local", num_cpus=2, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False)
     yield

@@ -232,20 +232,23 @@ class _RayWorker:
 
 
 class RayPool:
-    """``num_workers`` Ray actors (1 CPU each), the Ray counterpart of :class:`ProcessPool`.
+    """``num_workers`` Ray actors, the Ray counterpart of :class:`ProcessPool`.
 
     A call's timeout starts when it is handed to a started actor, so a worker's cold
     start never counts against it. An actor past its deadline is killed and replaced.
+    Actors reserve no CPU: the Ray that mmrl starts for its workers has exactly the
+    CPUs their bundles hold, and a verifier actor waiting for a free CPU would wait
+    forever. An actor that does not start within ``start_timeout_s`` is an error.
     """
 
-    def __init__(self, num_workers: int = 2) -> None:
+    def __init__(self, num_workers: int = 2, start_timeout_s: float = 120.0) -> None:
         import ray
 
         self._ray = ray
-        self._actor_cls = ray.remote(num_cpus=1, max_restarts=0)(_RayWorker)
-        self.num_workers = num_workers
+        self._actor_cls = ray.remote(num_cpus=0, max_restarts=0)(_RayWorker)
+        self.num_workers, self.start_timeout_s = num_workers, start_timeout_s
         self._idle: list[Any] = []
-        self._starting: dict[Any, Any] = {}  # ready() ref -> actor
+        self._starting: dict[Any, tuple[Any, float]] = {}  # ready() ref -> (actor, start time)
 
     def run(self, calls: list[Call]) -> list[CallResult]:
         ray = self._ray
@@ -255,7 +258,7 @@ class RayPool:
         while pending or running:
             while len(self._idle) + len(self._starting) + len(running) < self.num_workers:
                 actor = self._actor_cls.remote()
-                self._starting[actor.ready.remote()] = actor
+                self._starting[actor.ready.remote()] = (actor, time.perf_counter())
             while pending and self._idle:
                 index, actor = pending.popleft(), self._idle.pop()
                 call = calls[index]
@@ -265,7 +268,7 @@ class RayPool:
             now = time.perf_counter()
             for ref in ready:
                 if ref in self._starting:
-                    actor = self._starting.pop(ref)
+                    actor, _ = self._starting.pop(ref)
                     ray.get(ref)  # an actor that cannot start is a cluster problem: raise
                     self._idle.append(actor)
                     continue
@@ -276,6 +279,12 @@ class RayPool:
                 except Exception as err:  # the actor died: drop it, a new one replaces it
                     status, value = "crash", f"{type(err).__name__}: {err}"
                 results[index] = CallResult(status, value, now - started)
+            for _, since in self._starting.values():
+                if now - since > self.start_timeout_s:
+                    raise RuntimeError(
+                        f"a verifier worker actor did not start within {self.start_timeout_s:.0f} s; "
+                        f"the Ray cluster has {ray.available_resources()} free"
+                    )
             for ref, (actor, index, started) in list(running.items()):
                 timeout_s = calls[index].timeout_s
                 if timeout_s is not None and now - started >= timeout_s:
@@ -286,6 +295,6 @@ class RayPool:
 
     def close(self) -> None:
         if self._ray.is_initialized():
-            for actor in [*self._idle, *self._starting.values()]:
+            for actor in [*self._idle, *(a for a, _ in self._starting.values())]:
                 self._ray.kill(actor)
         self._idle, self._starting = [], {}
