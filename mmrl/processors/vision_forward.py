@@ -18,7 +18,7 @@ from mmrl.processors.vision_inputs import (
     mm_token_type_ids,
 )
 from mmrl.protocol import Batch
-from mmrl.rollout.base import SamplingParams, finish_rollout
+from mmrl.rollout.base import SamplingParams, finish_rollout, generated_responses
 from mmrl.trainer import core_algos
 
 
@@ -161,15 +161,9 @@ def generate_vlm(
             return_dict_in_generate=True,
         )
     model.train(was_training)
-    prompt_len = prompts["input_ids"].shape[1]
-    responses = out.sequences[:, prompt_len:]
-    # `scores` are the processed logits actually sampled from, so their log-softmax is the sampling log-prob.
-    scores = torch.stack(out.scores, dim=1).float()
-    log_probs = torch.log_softmax(scores, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-    pad = sampling.max_tokens - responses.shape[1]
-    if pad > 0:  # every row stopped early: keep a fixed response width
-        responses = torch.nn.functional.pad(responses, (0, pad), value=pad_token_id)
-        log_probs = torch.nn.functional.pad(log_probs, (0, pad), value=0.0)
+    responses, log_probs = generated_responses(
+        out.sequences, out.scores, prompts["input_ids"].shape[1], sampling.max_tokens, pad_token_id
+    )
 
     # Extends the mrope positions; multi_modal_inputs are carried by reference.
     return finish_rollout(prompts, responses, log_probs, stop_ids, pad_token_id)

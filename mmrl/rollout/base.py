@@ -109,6 +109,25 @@ def get_rollout(name: str) -> Callable[..., RolloutEngine]:
     return ROLLOUT_ENGINES[name]
 
 
+def generated_responses(
+    sequences: torch.Tensor, scores: tuple[torch.Tensor, ...], prompt_len: int, max_tokens: int, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Responses [B, max_tokens] and their sampling log-probs from a transformers ``generate``.
+
+    ``scores`` are the processed logits actually sampled from (temperature, top-k/top-p
+    and constraints applied), so their log-softmax is the sampling log-prob. When every
+    row stopped early, both are right-padded to a fixed width.
+    """
+    responses = sequences[:, prompt_len:]
+    log_probs = torch.log_softmax(torch.stack(scores, dim=1).float(), dim=-1)
+    log_probs = log_probs.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+    pad = max_tokens - responses.shape[1]
+    if pad > 0:
+        responses = torch.nn.functional.pad(responses, (0, pad), value=pad_id)
+        log_probs = torch.nn.functional.pad(log_probs, (0, pad), value=0.0)
+    return responses, log_probs
+
+
 def finish_rollout(
     prompts: Batch, responses: torch.Tensor, log_probs: torch.Tensor, eos_ids: set[int], pad_id: int
 ) -> Batch:

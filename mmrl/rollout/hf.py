@@ -16,6 +16,7 @@ from mmrl.rollout.base import (
     SUPPORT_KEY,
     SamplingParams,
     finish_rollout,
+    generated_responses,
     register_rollout,
     sampling_support,
 )
@@ -69,16 +70,9 @@ class HFRollout:
             )
         self.model.train(was_training)
 
-        prompt_len = prompts["input_ids"].shape[1]
-        responses = out.sequences[:, prompt_len:]
-        # `scores` are the processed logits actually sampled from (temperature,
-        # top-k and top-p applied), so their log-softmax is the sampling log-prob.
-        scores = torch.stack(out.scores, dim=1).float()
-        log_probs = torch.log_softmax(scores, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-        pad = sampling.max_tokens - responses.shape[1]
-        if pad > 0:  # every row stopped early: keep a fixed response width
-            responses = torch.nn.functional.pad(responses, (0, pad), value=self.pad_token_id)
-            log_probs = torch.nn.functional.pad(log_probs, (0, pad), value=0.0)
+        responses, log_probs = generated_responses(
+            out.sequences, out.scores, prompts["input_ids"].shape[1], sampling.max_tokens, self.pad_token_id
+        )
         out = finish_rollout(prompts, responses, log_probs, stop_ids, self.pad_token_id)
         out.meta[SUPPORT_KEY] = sampling_support(sampling, stop_ids)
         return out
