@@ -1,12 +1,14 @@
-"""Multi-seed proof that GRPO raises held-out accuracy on the procedural visual-counting task.
+"""Multi-seed proof that GRPO raises held-out accuracy of a tiny VLM on a procedural visual task.
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_vlm_grpo trainer.total_steps=40 trainer.test_freq=20 --seeds 0 1 2
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_vlm_grpo --seeds 0 1 2
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_vlm_grpo --task visual_counting trainer.total_steps=40
 
-Each seed runs ``mmrl train task=visual_counting`` as configured in
-``configs/task/visual_counting.yaml`` (a tiny Qwen2-VL built from config, the fixed SFT
-warm-up budget ``task.sft``, then GRPO), plus any trailing Hydra overrides. Held-out
-accuracy is the ``math_answer`` verifier (``<answer>`` equals the count) on the 128
-held-out images, with greedy decoding both before RL and after.
+Each seed runs ``mmrl train task=<task>`` as its config file sets it (a tiny Qwen2-VL built
+from config, the fixed SFT warm-up budget ``task.sft``, then GRPO), plus any trailing Hydra
+overrides. Held-out accuracy is the task's first verifier (``choice_answer`` for
+``visual_comparison``, ``math_answer`` for ``visual_counting``) on the held-out images,
+decoded as ``rollout.val_kwargs`` says (the same seeds before RL and after), and greedily
+too when the task sets ``trainer.val_greedy``.
 """
 
 from __future__ import annotations
@@ -20,33 +22,41 @@ import numpy as np
 from mmrl.trainer.config import load_config
 from mmrl.trainer.fit import fit
 
-ACCURACY = "val/math_answer/mean"
-
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--task", default="visual_comparison")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides after task=visual_counting")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides after task=<task>")
     args = parser.parse_args()
     rows = []
     for seed in args.seeds:
         with tempfile.TemporaryDirectory() as out:
-            cfg = load_config(["task=visual_counting", f"trainer.seed={seed}", f"trainer.output_dir={out}",
+            cfg = load_config([f"task={args.task}", f"trainer.seed={seed}", f"trainer.output_dir={out}",
                                "trainer.progress_bar=false", "trainer.loggers=[jsonl]", *args.overrides])
+            verifier = cfg.reward.verifiers[0].name
             result = fit(cfg)
-        acc = result.series(ACCURACY)
+        acc, greedy = result.series(f"val/{verifier}/mean"), result.series(f"val/greedy/{verifier}/mean")
+        fmt = result.series("val/format/mean") or [float("nan")] * 2
+        greedy = greedy or [float("nan")] * 2
         sft_loss = result.history[0].get("sft/final_loss", float("nan"))
-        rows.append((seed, acc[0], acc[-1], sft_loss, result.wall_time_s, result.peak_memory_gib))
-        print(f"seed {seed}: held-out accuracy {acc[0]:.3f} -> {acc[-1]:.3f} (all: {np.round(acc, 3).tolist()}, "
-              f"{result.wall_time_s:.0f} s, load average {os.getloadavg()[0]:.1f})", flush=True)
-    before, after = np.array([r[1] for r in rows]), np.array([r[2] for r in rows])
-    print("\n| seed | accuracy before RL (after SFT) | after RL | SFT final loss | wall time (s) | peak memory (GiB) |")
-    print("|---|---|---|---|---|---|")
-    for seed, b, a, loss, t, m in rows:
-        print(f"| {seed} | {b:.3f} | {a:.3f} | {loss:.3f} | {t:.0f} | {m:.2f} |")
-    print(f"| mean ± std | {before.mean():.3f} ± {before.std():.3f} | {after.mean():.3f} ± {after.std():.3f} | | | |")
-    print(f"\nimprovement: {np.mean(after - before):+.3f} (rose on {int(np.sum(after > before))}/{len(rows)} seeds)")
-
+        rows.append((seed, acc[0], acc[-1], greedy[0], greedy[-1], fmt[0], fmt[-1], sft_loss,
+                     result.wall_time_s, result.peak_memory_gib))
+        print(f"seed {seed}: held-out accuracy {acc[0]:.3f} -> {acc[-1]:.3f} (all: {np.round(acc, 3).tolist()}; "
+              f"greedy {np.round(greedy, 3).tolist()}; {result.wall_time_s:.0f} s, "
+              f"load average {os.getloadavg()[0]:.1f})", flush=True)
+    table = np.array([r[1:] for r in rows])
+    print(f"\n{args.task}: {verifier} on held-out prompts")
+    print("| seed | accuracy before RL (after SFT) | after RL | greedy before | greedy after | format before | "
+          "format after | SFT final loss | wall time (s) | peak memory (GiB) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for seed, *values in rows:
+        print(f"| {seed} | " + " | ".join(f"{v:.3f}" for v in values[:7]) + f" | {values[7]:.0f} | {values[8]:.2f} |")
+    mean, std = table.mean(0), table.std(0)
+    print("| mean ± std | " + " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in zip(mean[:6], std[:6], strict=True))
+          + " | | | |")
+    rise = table[:, 1] - table[:, 0]
+    print(f"\nimprovement: {rise.mean():+.3f} (rose on {int(np.sum(rise > 0))}/{len(rows)} seeds)")
 
 if __name__ == "__main__":
     main()

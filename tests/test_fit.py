@@ -77,6 +77,12 @@ def test_truncated_importance_sampling_is_logged(tmp_path, warm_model_dir):
     assert row["rollout_is/mean"] == pytest.approx(1.0, abs=1e-3) and row["rollout_is/max"] <= 1.5
 
 
+def test_lr_warmup_rises_once_per_rl_step(tmp_path, warm_model_dir):
+    result = short_run(tmp_path, warm_model_dir, "actor_rollout_ref.actor.lr=2e-4",
+                       "actor_rollout_ref.actor.lr_warmup_steps=4")
+    assert result.series("actor/lr") == pytest.approx([0.5e-4, 1e-4])
+
+
 def test_same_seed_same_metrics(tmp_path, warm_model_dir):
     def metrics(run_dir):
         hist = short_run(run_dir, warm_model_dir, "trainer.seed=3").history

@@ -172,6 +172,13 @@ def test_math_answer_reads_the_answer_tag():
     assert extract_answer("<answer> a </answer> then <answer>b</answer>") == "b"
 
 
+def test_choice_answer_compares_words_not_symbols():
+    responses = ["<think>x</think><answer> Red </answer>", "<think>x</think><answer>der</answer>", "blue", "<answer>B</answer>"]
+    out = get_verifier("choice_answer")(text_batch(responses, ["red", "red", "blue", "b"]))
+    assert out.scores.tolist() == [1.0, 0.0, 1.0, 1.0]  # math_answer calls "der" equal to "red" (d*e*r)
+    assert out.metrics["has_answer_tag"].tolist() == [1.0, 1.0, 0.0, 1.0]
+
+
 # ----- closed loop ---------------------------------------------------------------------------
 
 

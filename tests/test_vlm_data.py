@@ -1,4 +1,4 @@
-"""VLM data: the geometry3k-style parquet loader and the procedural visual counting task."""
+"""VLM data: the geometry3k-style parquet loader and the procedural visual counting and comparison tasks."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from mmrl.data.parquet import MEDIA_STRUCT
 from mmrl.processors import VisionProcessor, VisionProcessorConfig
 from mmrl.processors.media import load_image
 from mmrl.tasks import get_task
+from mmrl.tasks.visual_comparison import VisualComparisonConfig, make_comparison_dataset
 from mmrl.tasks.visual_counting import (
     COLORS,
     VisualCountingConfig,
@@ -132,6 +133,33 @@ def test_counting_task_builds_data_model_and_encodes(tmp_path):
     # The tags are single tokens that survive decoding.
     tags = vp.tokenizer("<think>a</think><answer>3</answer>")["input_ids"]
     assert len(tags) == 6 and vp.tokenizer.decode(tags, skip_special_tokens=True) == "<think>a</think><answer>3</answer>"
+
+
+def test_comparison_images_hold_the_stated_counts():
+    cfg = VisualComparisonConfig(min_margin=2)
+    data = make_comparison_dataset(cfg, 64, seed=0)
+    answers = data.ground_truth
+    assert set(answers) == {"red", "green", "blue"}
+    first_is_answer = [info["first"] == a for a, info in zip(answers, data.extra_info, strict=True)]
+    assert 16 < sum(first_is_answer) < 48  # the answer's place in the question gives nothing away
+    for problem, answer, images, info in zip(data.problems, answers, data.images, data.extra_info, strict=True):
+        other = info["second"] if info["first"] == answer else info["first"]
+        assert problem == f"Are there more {info['first']} or {info['second']} shapes?<image>"
+        image = load_image(images[0])
+        more, fewer = count_blobs(image, COLORS[answer]), count_blobs(image, COLORS[other])
+        assert (more, fewer) == (info["counts"][answer], info["counts"][other])
+        assert more >= fewer + 2 and fewer >= 1
+
+
+def test_comparison_task_targets_and_bad_settings():
+    task = get_task("visual_comparison")({"train_size": 8, "val_size": 4})
+    data = task.build_data(seed=0)
+    _, targets = task.sft_pairs(data)
+    assert targets[0] == f"<think>compare</think><answer>{data.train.ground_truth[0]}</answer>"
+    with pytest.raises(ValueError, match="do not fit a 4x4 grid"):
+        make_comparison_dataset(VisualComparisonConfig(max_count=8, max_distractors=2), 1, seed=0)
+    with pytest.raises(ValueError, match="at least 2 colours"):
+        make_comparison_dataset(VisualComparisonConfig(colors=["red"]), 1, seed=0)
 
 
 def test_parquet_task_reads_users_files(tmp_path):

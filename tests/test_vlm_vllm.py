@@ -1,5 +1,6 @@
 """vLLM rollout of a tiny Qwen2-VL built from config: its sampling log-probs must be the
-training actor's recomputed log-probs, before and after an in-place weight sync.
+training actor's recomputed log-probs, before and after an in-place weight sync, for
+prompts with images, several images, video, an image and a video, and text only.
 
 Importing vLLM takes ~10 s and building the engine ~20 s, so these tests are slow.
 """
@@ -42,6 +43,8 @@ def prompts(proc: VisionProcessor):
         VisionSample(chat_prompt(p, "<image>How many?"), [image(56, 84)]),
         VisionSample(chat_prompt(p, "<image><image>Same?"), [png, image(112, 56)]),
         VisionSample(chat_prompt(p, "Just text")),
+        VisionSample(chat_prompt(p, "<video>What moves?"), videos=[rng.integers(0, 255, (4, 56, 84, 3), dtype=np.uint8)]),
+        VisionSample(chat_prompt(p, "<image>then<video>"), [image(56, 56)], [rng.integers(0, 255, (2, 56, 56, 3), dtype=np.uint8)]),
     ]).repeat(2, interleave=True)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -80,6 +81,13 @@ def local_mini_batch_size(global_size: int, world_size: int, key: str) -> int:
     return global_size // world_size
 
 
+def warmup(steps: int) -> Callable[[int], float]:
+    """The lr multiplier at RL step ``step`` (from 0): ``(step + 1) / steps`` up to 1."""
+    if steps < 0:
+        raise ValueError(f"actor.lr_warmup_steps must be >= 0, found {steps}")
+    return lambda step: min(1.0, (step + 1) / steps) if steps else 1.0
+
+
 class ActorRolloutRefWorker:
     """The trainable actor (FSDP2), its sharded optimizer, a frozen reference and the rollout engine."""
 
@@ -102,6 +110,7 @@ class ActorRolloutRefWorker:
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=arr.actor.lr, weight_decay=arr.actor.weight_decay
         )
+        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup(arr.actor.lr_warmup_steps))
         self.mini_batch_size = local_mini_batch_size(
             arr.actor.ppo_mini_batch_size * arr.rollout.n, self.world_size,
             "actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n",
@@ -158,6 +167,7 @@ class ActorRolloutRefWorker:
             temperature=arr.rollout.temperature,
             seed=seed,
         )
+        self.lr_schedule.step()  # once per RL step, as verl's warm-up counts
         start = time.perf_counter()
         self.sync_rollout_weights()
         metrics["timing_s/update_weights"] = time.perf_counter() - start

@@ -204,12 +204,17 @@ class VisionProcessor:
 
     def load_multi_modal_data(self, sample: VisionSample) -> dict[str, list]:
         """``{"image": [PIL RGB], "video": [(frames uint8 [F, H, W, 3], VideoMetadata)]}``."""
-        c = self.cfg
         return {
             "image": [load_image(x) for x in sample.images],
-            "video": [read_video(v, c.video_fps, c.video_min_frames, c.video_max_frames, self.temporal_patch_size)
-                      for v in sample.videos],
+            "video": [read_video(v, **self.video_sampling) for v in sample.videos],
         }
+
+    @property
+    def video_sampling(self) -> dict[str, Any]:
+        """How videos become frames (:func:`~mmrl.processors.media.read_video` arguments)."""
+        c = self.cfg
+        return {"fps": c.video_fps, "min_frames": c.video_min_frames, "max_frames": c.video_max_frames,
+                "frame_multiple": self.temporal_patch_size}
 
     def _size_kwargs(self, which: str, min_pixels: int | None, max_pixels: int | None) -> dict[str, Any]:
         if min_pixels is None and max_pixels is None:
@@ -304,7 +309,9 @@ class VisionProcessor:
         # Shared with the cache: treat these dicts as read-only.
         per_sample["multi_modal_inputs"] = _take([p.multi_modal_inputs for p in done], range(len(done)))
         if self.cfg.keep_raw_media:
-            per_sample["multi_modal_data"] = _take([{"image": s.images, "video": s.videos} for s in samples], keep)
+            # With the frame sampling, so that the vLLM engine decodes the same frames from a video.
+            raw = [{"image": s.images, "video": s.videos, "video_sampling": self.video_sampling} for s in samples]
+            per_sample["multi_modal_data"] = _take(raw, keep)
         return Batch.from_dict(
             tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
             non_tensor=per_sample,

@@ -11,11 +11,12 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
-from mmrl.processors.media import load_image
+from mmrl.processors.media import load_image, read_video
 from mmrl.protocol import Batch
 from mmrl.rollout.base import (
     SUPPORT_KEY,
@@ -228,14 +229,15 @@ class VisionPrompts:
             )
         media = prompts["multi_modal_data"] if "multi_modal_data" in prompts else [None] * len(token_ids)
         out = []
-        for i, (ids, raw) in enumerate(zip(token_ids, media, strict=True)):
+        for ids, raw in zip(token_ids, media, strict=True):
             request = TokensPrompt(prompt_token_ids=self.collapse(ids))
-            if raw and raw.get("video"):
-                raise NotImplementedError(
-                    f"sample {i}: video prompts are not wired into the vLLM engine yet; use rollout.name=hf"
-                )
+            data = {}
             if raw and raw.get("image"):
-                request["multi_modal_data"] = {"image": [load_image(x) for x in raw["image"]]}
+                data["image"] = [load_image(x) for x in raw["image"]]
+            if raw and raw.get("video"):
+                data["video"] = [sampled_video(v, raw["video_sampling"]) for v in raw["video"]]
+            if data:
+                request["multi_modal_data"] = data
             out.append(request)
         return out
 
@@ -252,6 +254,20 @@ class VisionPrompts:
                     f"the prompt Batch has {len(ids)}: vLLM's processor (from the checkpoint) resized "
                     "the images differently; make data.min_pixels/max_pixels match the saved processor"
                 )
+
+
+def sampled_video(video, sampling: dict) -> tuple[np.ndarray, dict]:
+    """The frames the training processor saw and their metadata, in vLLM's ``(frames, metadata)`` form.
+
+    Frames are sampled again with the prompt processor's settings rather than by vLLM, and
+    ``do_sample_frames=False`` stops the HF processor inside vLLM from sampling them a second
+    time; models whose positions depend on time (Qwen2.5-VL) read fps from the metadata on
+    both sides.
+    """
+    frames, meta = read_video(video, **sampling)
+    fields = ("total_num_frames", "fps", "duration", "frames_indices")
+    metadata = {k: getattr(meta, k) for k in fields if getattr(meta, k, None) is not None}
+    return frames, {**metadata, "do_sample_frames": False}
 
 
 def _cast(

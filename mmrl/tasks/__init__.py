@@ -3,6 +3,7 @@
 from mmrl.tasks import (  # noqa: F401  (registers the tasks)
     text_addition,
     vision_parquet,
+    visual_comparison,
     visual_counting,
     worldmodel_latent,
     worldmodel_tokens,

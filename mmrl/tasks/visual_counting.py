@@ -60,15 +60,20 @@ def render_shapes(rng: random.Random, cfg: VisualCountingConfig, color: str, cou
     others = [c for c in cfg.colors if c != color]
     n_distractors = rng.randint(0, min(cfg.max_distractors, cfg.grid**2 - count)) if others else 0
     fills = [color] * count + [rng.choice(others) for _ in range(n_distractors)]
-    cells = rng.sample(range(cfg.grid**2), len(fills))
-    cell = cfg.image_size / cfg.grid
-    image = Image.new("RGB", (cfg.image_size, cfg.image_size), (245, 245, 245))
+    return draw_shapes(rng, cfg.image_size, cfg.grid, fills)
+
+
+def draw_shapes(rng: random.Random, image_size: int, grid: int, fills: list[str]) -> Image.Image:
+    """An RGB image with one random shape per colour in ``fills``, each in its own random grid cell."""
+    cells = rng.sample(range(grid**2), len(fills))
+    cell = image_size / grid
+    image = Image.new("RGB", (image_size, image_size), (245, 245, 245))
     draw = ImageDraw.Draw(image)
     for fill, c in zip(fills, cells, strict=True):
         size = rng.uniform(0.45, 0.7) * cell
         # A 2 px margin inside the cell keeps shapes in neighbouring cells apart.
-        x0 = (c % cfg.grid) * cell + 2 + rng.uniform(0, cell - size - 4)
-        y0 = (c // cfg.grid) * cell + 2 + rng.uniform(0, cell - size - 4)
+        x0 = (c % grid) * cell + 2 + rng.uniform(0, cell - size - 4)
+        y0 = (c // grid) * cell + 2 + rng.uniform(0, cell - size - 4)
         box = (x0, y0, x0 + size, y0 + size)
         shape = rng.choice(SHAPES)
         if shape == "circle":
@@ -104,21 +109,27 @@ def counting_target(count: str, color: str) -> str:
 
 @register_task("visual_counting")
 class VisualCountingTask(Task):
-    """Interface beyond :class:`Task`: ``build_processor`` and ``samples``."""
+    """Interface beyond :class:`Task`: ``build_processor`` and ``samples``.
+
+    Other procedural shape tasks subclass it with their own ``config_class``,
+    ``make_dataset`` and ``sft_targets``; model, processor and warm-up are shared."""
+
+    config_class: type = VisualCountingConfig
 
     def __init__(self, cfg: dict[str, Any]) -> None:
-        self.cfg: VisualCountingConfig = OmegaConf.to_object(
-            OmegaConf.merge(OmegaConf.structured(VisualCountingConfig), cfg)
-        )
+        self.cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(self.config_class), cfg))
         self.name = self.cfg.name
         self.sft_config = self.cfg.sft
 
     def build_data(self, seed: int) -> TaskData:
         """Train and held-out sets from different seeds (images are random, so they do not repeat)."""
         return TaskData(
-            train=make_counting_dataset(self.cfg, self.cfg.train_size, seed),
-            val=make_counting_dataset(self.cfg, self.cfg.val_size, seed + 10_000),
+            train=self.make_dataset(self.cfg.train_size, seed),
+            val=self.make_dataset(self.cfg.val_size, seed + 10_000),
         )
+
+    def make_dataset(self, n: int, seed: int) -> VisionPromptDataset:
+        return make_counting_dataset(self.cfg, n, seed)
 
     def build_processor(self) -> ProcessorMixin:
         """The HF processor; images are resized to exactly ``image_size`` squared pixels."""

@@ -44,6 +44,10 @@ class ModelConfig:
 @dataclass
 class ActorConfig:
     lr: float = 3e-4
+    # RL steps over which the lr rises linearly to `lr` (verl's optim.lr_warmup_steps). Adam's
+    # first steps move every parameter by about lr whatever the gradient's size, which a
+    # small, noisy policy gradient turns into a jump in the policy.
+    lr_warmup_steps: int = 0
     weight_decay: float = 0.0
     ppo_mini_batch_size: int = 8
     ppo_micro_batch_size: int = 64

@@ -3,7 +3,8 @@
 Responses are expected as ``<think>...</think><answer>...</answer>`` (R1-style).
 ``format`` checks that shape; ``math_answer`` compares the final answer with
 ``ground_truth`` using the ``math-verify`` package (LaTeX and plain expressions,
-sets, intervals, numbers with rounding), run per sample.
+sets, intervals, numbers with rounding), run per sample; ``choice_answer`` compares
+it as text (a multiple-choice letter, a word), ignoring case and surrounding space.
 """
 
 from __future__ import annotations
@@ -68,5 +69,19 @@ def math_answer(batch: Batch) -> VerifierOutput:
     scores = np.array(
         [float(math_equal(extract_answer(str(r)), str(t))) for r, t in zip(responses, truths, strict=True)]
     )
+    tagged = np.array([float(ANSWER_RE.search(str(r)) is not None) for r in responses])
+    return VerifierOutput(scores=scores, valid=np.ones(len(scores), dtype=bool), metrics={"has_answer_tag": tagged})
+
+
+@register_verifier("choice_answer")
+def choice_answer(batch: Batch) -> VerifierOutput:
+    """1.0 when the response's final answer is ``ground_truth`` as text (case and outer space ignored).
+
+    For answers that are words or option letters, where ``math_answer`` would read
+    ``der`` as the product d*e*r and call it equal to ``red``.
+    """
+    responses, truths = batch["response_text"], batch["ground_truth"]
+    scores = np.array([float(extract_answer(str(r)).casefold() == str(t).strip().casefold())
+                       for r, t in zip(responses, truths, strict=True)])
     tagged = np.array([float(ANSWER_RE.search(str(r)) is not None) for r in responses])
     return VerifierOutput(scores=scores, valid=np.ones(len(scores), dtype=bool), metrics={"has_answer_tag": tagged})
