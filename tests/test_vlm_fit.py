@@ -83,6 +83,10 @@ def test_vision_parquet_trains_and_eval_vlm_prints_accuracy(tmp_path, capsys):
     assert "accuracy:" in printed and "/4, math_answer, greedy decoding" in printed
     report = json.loads(out.read_text())
     assert report["num_samples"] == 4 and 0.0 <= report["accuracy"] <= 1.0
+    # `mmrl eval` with --parquet is the same command.
+    assert cli.main(["eval", "--checkpoint", str(tmp_path / "run" / "actor"), "--parquet", str(val),
+                     "--max-prompt-length", "128", "--max-response-length", "8"]) == 0
+    assert f"accuracy: {report['accuracy']:.4f}" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The ``mmrl`` command line: ``mmrl train [hydra overrides...]``, ``mmrl eval-vlm ...``."""
+"""The ``mmrl`` command line: ``mmrl train [hydra overrides...]``, ``mmrl eval ...``, ``mmrl eval-vlm ...``."""
 
 from __future__ import annotations
 
@@ -46,11 +46,23 @@ def evaluate(argv: list[str]) -> int:
     return eval_main(argv)
 
 
+def evaluate_vlm(argv: list[str]) -> int:
+    from mmrl.trainer import eval_vlm
+
+    parser = argparse.ArgumentParser(prog="mmrl eval", description="Accuracy of a VLM checkpoint on parquet files.")
+    eval_vlm.add_arguments(parser)
+    return eval_vlm.main(parser.parse_args(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["eval"]:  # its own argparse options (mmrl eval --help)
+        rest = argv[1:]
+        if any(a == "--parquet" or a.startswith("--parquet=") for a in rest):  # a VLM on parquet: eval-vlm
+            logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+            return evaluate_vlm(rest)
         logging.basicConfig(level=logging.WARNING)
-        return evaluate(argv[1:])
+        return evaluate(rest)
     parser = argparse.ArgumentParser(prog="mmrl", description="RLVR for multimodal models.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="RL training; trailing arguments are Hydra overrides")
@@ -62,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         help="MLE pretraining of the token world model; trailing arguments are Hydra overrides",
     )
     p_wm.add_argument("overrides", nargs="*", help="e.g. data.env=push train.steps=1500")
-    sub.add_parser("eval", help="evaluate a world-model checkpoint on trajectory or mp4 data (mmrl eval --help)")
+    sub.add_parser("eval", help="a world-model checkpoint on trajectory or mp4 data (--model, --data), or a "
+                   "VLM checkpoint on parquet files (--checkpoint, --parquet, as eval-vlm); mmrl eval --help")
     from mmrl.trainer import eval_vlm  # VLM accuracy of a checkpoint on a parquet file
 
     eval_vlm.add_arguments(sub.add_parser("eval-vlm", help="accuracy of a VLM checkpoint on a parquet file"))
