@@ -16,7 +16,7 @@ from mmrl.trainer.fit import fit
 from tests.conftest import run_overrides
 
 # The short fixed-seed version of `mmrl train task=visual_comparison` (benchmarks/bench_vlm_grpo.py
-# runs the full 40 steps over several seeds). Budget fixed before RL: 100 SFT steps of 32.
+# runs the full 40 steps over several seeds). Budget fixed before RL: 150 SFT steps of 32.
 SHORT_COMPARISON = ("task=visual_comparison", "trainer.total_steps=20", "trainer.test_freq=20",
                     "task.val_size=128", "trainer.val_greedy=false")
 SHORT_COUNTING = ("task=visual_counting", "trainer.total_steps=20", "trainer.test_freq=20")
@@ -33,8 +33,9 @@ def test_grpo_raises_heldout_accuracy_on_visual_comparison(tmp_path):
     prompt, the same seeds before and after RL) must rise, rollout and training must agree."""
     result = fit(load_config(run_overrides(tmp_path, *SHORT_COMPARISON)))
     acc = result.series("val/choice_answer/mean")
-    assert len(acc) == 2 and result.history[0]["sft/steps"] == 100
+    assert len(acc) == 2 and result.history[0]["sft/steps"] == 150
     assert acc[-1] > acc[0] + 0.05, f"held-out accuracy did not rise over GRPO: {acc}"
+    assert acc[-1] > 0.55, f"held-out accuracy after GRPO is not above chance (0.5): {acc}"
     assert max(result.series("rollout/logprob_diff_max")) < 1e-3
 
 

@@ -1,11 +1,11 @@
 """A procedural visual-reasoning task: which of two colours has more shapes in a rendered image.
 
-The image holds ``a`` shapes of one colour and ``b != a`` of another (plus optional shapes of
+The image holds ``a`` shapes of one colour and ``b`` of another, ``|a - b| >= min_margin`` (plus shapes of
 a third colour); the prompt asks "Are there more red or blue shapes?" and the ground truth is
 the colour with more shapes. The answer is one of two words, so every sampled answer's reward
-tells the policy which one is right: GRPO gets almost a label per prompt, which is what lets
-a short RL run improve a tiny model's perception. Scored with ``choice_answer`` (the
-``<answer>`` text against the ground truth) and ``format``.
+tells the policy which one is right: GRPO gets almost a label per prompt, and a short RL run
+improves a tiny model here (docs/benchmarks.md), unlike on five-way counting. Scored with
+``choice_answer`` (the ``<answer>`` text against the ground truth) and ``format``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class VisualComparisonConfig:
     grid: int = 4
     min_count: int = 1  # shapes of each compared colour
     max_count: int = 6
-    min_margin: int = 1  # the two counts differ by at least this much
+    min_margin: int = 2  # the two counts differ by at least this much
     max_distractors: int = 2  # shapes of the third colour
     colors: list[str] = field(default_factory=lambda: ["red", "green", "blue"])
     train_size: int = 2000
