@@ -49,3 +49,10 @@ def test_restrict_logits_masks_stops_only_before_min_tokens():
     assert out[0, 0, 4] == low and out[0, 1, 4] == low and out[0, 2, 4] == 0  # stop allowed from step 2
     assert torch.isfinite(torch.log_softmax(out, -1)[..., [1, 2]]).all()
     assert restrict_logits(logits, None) is logits
+
+
+def test_restrict_logits_masks_suppressed_ids_everywhere():
+    logits = torch.zeros(2, 3, 5)
+    support = {"allowed_token_ids": None, "suppressed_token_ids": [0, 3], "stop_token_ids": [4], "min_tokens": 0}
+    out = restrict_logits(logits, support)
+    assert (out[..., [0, 3]] == torch.finfo(torch.float32).min).all() and (out[..., [1, 2, 4]] == 0).all()

@@ -51,6 +51,9 @@ def prompts(proc: VisionProcessor):
 def assert_actor_agrees(actor, rollout, batch, seed: int) -> None:
     out = rollout.generate(batch, SamplingParams(max_tokens=8, seed=seed))
     assert out["position_ids"].shape[1] == 3
+    # The vision ids travel as a short suppressed list, not as the vocabulary minus them.
+    support = out.meta["sampling_support"]
+    assert support["allowed_token_ids"] is None and len(support["suppressed_token_ids"]) <= 8
     recomputed = actor_fns.compute_log_probs(actor, out, micro_batch_size=4, temperature=1.0)
     mask = out["response_mask"].bool()
     diff = (recomputed - out["rollout_log_probs"]).abs()[mask]

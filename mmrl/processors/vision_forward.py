@@ -18,7 +18,13 @@ from mmrl.processors.vision_inputs import (
     mm_token_type_ids,
 )
 from mmrl.protocol import Batch
-from mmrl.rollout.base import SamplingParams, finish_rollout, generated_responses
+from mmrl.rollout.base import (
+    SUPPORT_KEY,
+    SamplingParams,
+    finish_rollout,
+    generated_responses,
+    restrict_logits,
+)
 from mmrl.trainer import core_algos
 
 
@@ -105,6 +111,8 @@ def vlm_response_log_probs(
     logits = logits[:, -responses.shape[1] - 1 : -1].float() / temperature
     # As in the rollout; the finite minimum keeps the entropy's p * z term at 0, not NaN.
     logits[..., suppressed_token_ids(model)] = torch.finfo(logits.dtype).min
+    # And under what else the engine sampled with (padded vocabulary rows, allowed ids, min length).
+    logits = restrict_logits(logits, batch.meta.get(SUPPORT_KEY))
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     entropy = core_algos.entropy_from_logits(logits) if with_entropy else None
     return log_probs, entropy

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -62,26 +62,33 @@ ROLLOUT_ENGINES: dict[str, Callable[..., RolloutEngine]] = {}
 SUPPORT_KEY = "sampling_support"
 
 
-def sampling_support(sampling: SamplingParams, stop_ids: set[int]) -> dict[str, Any] | None:
+def sampling_support(
+    sampling: SamplingParams, stop_ids: set[int], suppressed: Iterable[int] = ()
+) -> dict[str, Any] | None:
     """The tokens ``sampling`` excludes beyond temperature/top-k/top-p, as JSON-able meta.
 
     Engines store it in ``meta["sampling_support"]``. The actor applies the same
     restriction (:func:`restrict_logits`) when it recomputes log-probs, so rollout and
     training log-probs, the PPO ratio and the KL all describe the distribution that
-    was sampled from. ``None`` when every token could be sampled at every step.
+    was sampled from. ``suppressed`` are ids an engine never samples on its own account
+    (a VLM's vision tokens, padded embedding rows): a short list where the allowed
+    complement would hold the whole vocabulary. ``None`` when every token could be
+    sampled at every step.
     """
-    if sampling.allowed_token_ids is None and sampling.min_tokens == 0:
+    suppressed = sorted(set(suppressed))
+    if sampling.allowed_token_ids is None and sampling.min_tokens == 0 and not suppressed:
         return None
     allowed = None
     if sampling.allowed_token_ids is not None:  # stop tokens stay allowed, as in the engines
         allowed = sorted({*sampling.allowed_token_ids, *stop_ids})
-    return {"allowed_token_ids": allowed, "stop_token_ids": sorted(stop_ids), "min_tokens": sampling.min_tokens}
+    return {"allowed_token_ids": allowed, "suppressed_token_ids": suppressed, "stop_token_ids": sorted(stop_ids),
+            "min_tokens": sampling.min_tokens}
 
 
 def restrict_logits(logits: torch.Tensor, support: dict[str, Any] | None) -> torch.Tensor:
     """Response-step logits [b, T, V] with the tokens ``support`` excludes pushed to the
-    dtype's minimum: outside ``allowed_token_ids`` everywhere, stop tokens before
-    ``min_tokens``. The minimum, not -inf, keeps entropies finite.
+    dtype's minimum: outside ``allowed_token_ids`` or in ``suppressed_token_ids`` everywhere,
+    stop tokens before ``min_tokens``. The minimum, not -inf, keeps entropies finite.
     """
     if not support:
         return logits
@@ -90,6 +97,8 @@ def restrict_logits(logits: torch.Tensor, support: dict[str, Any] | None) -> tor
     if support["allowed_token_ids"] is not None:
         keep[:] = False
         keep[:, support["allowed_token_ids"]] = True
+    if support.get("suppressed_token_ids"):
+        keep[:, support["suppressed_token_ids"]] = False
     if support["min_tokens"]:
         keep[: support["min_tokens"], support["stop_token_ids"]] = False
     return logits.masked_fill(~keep, torch.finfo(logits.dtype).min)

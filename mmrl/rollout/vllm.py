@@ -123,9 +123,8 @@ class VLLMRollout:
         (sampled tokens, stop tokens included) and ``meta["rollout_time_s"]`` (engine time)."""
         token_ids = self._prompt_token_ids(prompts, sampling.max_tokens)
         stop_ids = {self.eos_token_id, *sampling.stop_token_ids}
-        if self.vision is not None and sampling.allowed_token_ids is None:
-            sampling = dataclasses.replace(sampling, allowed_token_ids=self.vision.allowed_token_ids)
-        params = self._request_params(sampling, stop_ids, len(token_ids))
+        suppressed = self.vision.suppressed_token_ids if self.vision is not None else ()
+        params = self._request_params(sampling, stop_ids, len(token_ids), suppressed)
         requests = (self.vision.requests(prompts, token_ids) if self.vision is not None
                     else [TokensPrompt(prompt_token_ids=ids) for ids in token_ids])
         start = time.perf_counter()
@@ -151,7 +150,7 @@ class VLLMRollout:
         )
         out.meta["rollout_tokens"] = sum(len(o.outputs[0].token_ids) for o in outputs)
         out.meta["rollout_time_s"] = elapsed_s
-        out.meta[SUPPORT_KEY] = sampling_support(sampling, stop_ids)
+        out.meta[SUPPORT_KEY] = sampling_support(sampling, stop_ids, suppressed)
         return out
 
     def _prompt_token_ids(self, prompts: Batch, max_tokens: int) -> list[list[int]]:
@@ -172,12 +171,19 @@ class VLLMRollout:
 
     @staticmethod
     def _request_params(
-        sampling: SamplingParams, stop_ids: set[int], rows: int
+        sampling: SamplingParams, stop_ids: set[int], rows: int, suppressed: Iterable[int] = ()
     ) -> list[vllm.SamplingParams]:
-        """One request per row; row ``i`` gets seed ``sampling.seed + i``, so runs repeat."""
+        """One request per row; row ``i`` gets seed ``sampling.seed + i``, so runs repeat.
+
+        ``suppressed`` ids get vLLM's strongest logit bias, -100 (its bound), before
+        temperature: a weight of e^-100 beside the vocabulary's, which float32 cannot tell
+        from an exact mask at any usual temperature, for a few ids per request where an
+        allowed list would carry the whole vocabulary.
+        """
         allowed = None
         if sampling.allowed_token_ids is not None:  # masked before temperature, as in HFRollout
             allowed = sorted({*sampling.allowed_token_ids, *stop_ids})
+        bias = {int(i): -100.0 for i in suppressed} or None
         return [
             vllm.SamplingParams(
                 max_tokens=sampling.max_tokens,
@@ -188,6 +194,7 @@ class VLLMRollout:
                 seed=None if sampling.seed is None else sampling.seed + row,
                 stop_token_ids=sorted(stop_ids),
                 allowed_token_ids=allowed,
+                logit_bias=bias,
                 logprobs=0,  # only the sampled token's log-prob
                 detokenize=False,
             )
@@ -202,24 +209,25 @@ class VisionPrompts:
     The prompt Batch holds expanded placeholders (one ``<|image_pad|>`` per vision token);
     vLLM expands each placeholder it is given, so every run of placeholders is collapsed to
     one token first and vLLM's expansion is checked against the Batch's. Vision tokens are
-    never sampled (``allowed_token_ids`` is the vocabulary without them), as in
-    :func:`mmrl.processors.vision_forward.generate_vlm`, so the sampling log-probs describe
-    the distribution that ``vlm_response_log_probs`` recomputes.
+    never sampled (``suppressed_token_ids``), as in
+    :func:`mmrl.processors.vision_forward.generate_vlm`, and the Batch's sampling support
+    names them, so the sampling log-probs describe the distribution that
+    ``vlm_response_log_probs`` recomputes.
     """
 
     placeholder_ids: tuple[int, ...]
-    allowed_token_ids: tuple[int, ...]
+    suppressed_token_ids: tuple[int, ...]
 
     @classmethod
     def from_config(cls, config, tokenizer_size: int) -> VisionPrompts | None:
-        """None for a text model; ids above the tokenizer's (padded embedding rows) are never allowed."""
+        """None for a text model; ids above the tokenizer's (padded embedding rows) are suppressed too."""
         if getattr(config, "vision_config", None) is None or getattr(config, "image_token_id", None) is None:
             return None
         names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-        suppressed = {int(getattr(config, n)) for n in names if getattr(config, n, None) is not None}
-        vocab = min(config.get_text_config().vocab_size, tokenizer_size)
+        vision = {int(getattr(config, n)) for n in names if getattr(config, n, None) is not None}
+        padded = range(tokenizer_size, config.get_text_config().vocab_size)
         placeholders = tuple(int(getattr(config, n)) for n in names[:2] if getattr(config, n, None) is not None)
-        return cls(placeholders, tuple(i for i in range(vocab) if i not in suppressed))
+        return cls(placeholders, tuple(sorted({*vision, *padded})))
 
     def requests(self, prompts: Batch, token_ids: list[list[int]]) -> list[TokensPrompt]:
         if "multi_modal_inputs" in prompts and "multi_modal_data" not in prompts:
