@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from omegaconf import OmegaConf
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from mmrl.processors.base import PromptProcessor
@@ -19,6 +20,14 @@ from mmrl.trainer.sft import SFTConfig
 
 if TYPE_CHECKING:
     from mmrl.trainer.config import RunConfig
+
+C = TypeVar("C")
+
+
+def task_config(schema: type[C], cfg: Any) -> C:
+    """The run's ``task`` group merged over the task's config dataclass ``schema``: unknown keys
+    and wrong types are errors, missing keys take the dataclass defaults."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
 
 
 @dataclass

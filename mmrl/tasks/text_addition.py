@@ -10,11 +10,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from mmrl.tasks.base import PromptDataset, Task, TaskData, register_task
+from mmrl.tasks.base import PromptDataset, Task, TaskData, register_task, task_config
 from mmrl.trainer.sft import SFTConfig
 
 CHARS = list("0123456789+-*= ")
@@ -49,9 +48,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
 @register_task("text_addition")
 class TextAdditionTask(Task):
     def __init__(self, cfg: dict[str, Any]) -> None:
-        self.cfg: TextAdditionConfig = OmegaConf.to_object(
-            OmegaConf.merge(OmegaConf.structured(TextAdditionConfig), cfg)
-        )
+        self.cfg: TextAdditionConfig = task_config(TextAdditionConfig, cfg)
         self.name = self.cfg.name
         self.sft_config = self.cfg.sft
 

@@ -11,13 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import OmegaConf
 from transformers import AutoProcessor, PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
 
 from mmrl.data import VisionPromptDataset, load_vision_parquet
 from mmrl.processors.vision import VisionSample
 from mmrl.processors.vision_prompts import VisionPromptProcessor
-from mmrl.tasks.base import Task, TaskData, register_task
+from mmrl.tasks.base import Task, TaskData, register_task, task_config
 from mmrl.trainer.sft import SFTConfig
 
 if TYPE_CHECKING:
@@ -44,9 +43,7 @@ class VisionParquetConfig:
 @register_task("vision_parquet")
 class VisionParquetTask(Task):
     def __init__(self, cfg: dict[str, Any]) -> None:
-        self.cfg: VisionParquetConfig = OmegaConf.to_object(
-            OmegaConf.merge(OmegaConf.structured(VisionParquetConfig), cfg)
-        )
+        self.cfg: VisionParquetConfig = task_config(VisionParquetConfig, cfg)
         if not self.cfg.train_files:
             raise ValueError("task.train_files is empty: list the parquet files to train on")
         self.name = self.cfg.name

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import OmegaConf
 from PIL import Image, ImageDraw
 from transformers import PreTrainedTokenizerBase, ProcessorMixin, Qwen2VLForConditionalGeneration
 
@@ -22,7 +21,7 @@ from mmrl.data import VisionPromptDataset
 from mmrl.processors.tiny_vlm import build_tiny_qwen2_vl_processor, tiny_qwen2_vl_config
 from mmrl.processors.vision import VisionSample
 from mmrl.processors.vision_prompts import VisionPromptProcessor
-from mmrl.tasks.base import Task, TaskData, register_task
+from mmrl.tasks.base import Task, TaskData, register_task, task_config
 from mmrl.trainer.actor import freeze_modules
 from mmrl.trainer.sft import SFTConfig
 from mmrl.trainer.sft_vlm import warm_up_vlm
@@ -117,7 +116,7 @@ class VisualCountingTask(Task):
     config_class: type = VisualCountingConfig
 
     def __init__(self, cfg: dict[str, Any]) -> None:
-        self.cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(self.config_class), cfg))
+        self.cfg = task_config(self.config_class, cfg)
         self.name = self.cfg.name
         self.sft_config = self.cfg.sft
 

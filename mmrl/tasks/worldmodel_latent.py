@@ -16,10 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import OmegaConf
-
 from mmrl.processors.latent import FrameWindows, LatentWorldModelProcessor, frame_windows
-from mmrl.tasks.base import Task, TaskData, register_task
+from mmrl.tasks.base import Task, TaskData, register_task, task_config
 from mmrl.trainer.sft import SFTConfig
 from mmrl.worldmodel import frames as F
 from mmrl.worldmodel.data import generate_dataset
@@ -75,9 +73,7 @@ class WorldModelLatentTask(Task):
     """Interface beyond :class:`Task`: ``data_dirs``, ``autoencoder`` and ``policy_config``."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
-        self.cfg: WorldModelLatentConfig = OmegaConf.to_object(
-            OmegaConf.merge(OmegaConf.structured(WorldModelLatentConfig), cfg)
-        )
+        self.cfg: WorldModelLatentConfig = task_config(WorldModelLatentConfig, cfg)
         self.name = self.cfg.name
         self.sft_config = SFTConfig()  # unused: initial_model makes the starting point
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
-from mmrl.tasks.base import Task, TaskData, register_task
+from mmrl.tasks.base import Task, TaskData, register_task, task_config
 
 if TYPE_CHECKING:
     from mmrl.processors.worldmodel import WorldModelPromptProcessor
@@ -55,9 +55,7 @@ class WorldModelTokensConfig:
 @register_task("worldmodel_tokens")
 class WorldModelTokensTask(Task):
     def __init__(self, cfg: dict[str, Any]) -> None:
-        self.cfg: WorldModelTokensConfig = OmegaConf.to_object(
-            OmegaConf.merge(OmegaConf.structured(WorldModelTokensConfig), cfg)
-        )
+        self.cfg: WorldModelTokensConfig = task_config(WorldModelTokensConfig, cfg)
         self.name = self.cfg.name
         self.pretrain_cfg = pretrain_config(self.cfg.pretrain, self.cfg.cache_dir)
 
