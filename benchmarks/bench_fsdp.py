@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
+from mmrl.config import load_config
 from mmrl.hybrid import build_workers, init_ray
 from mmrl.tasks import get_task
-from mmrl.trainer.config import load_config
 from mmrl.trainer.fit import PromptLoader, build_kl_controller, rl_step
 from mmrl.utils.seed import set_seed
 from mmrl.verifiers import VerifierRunner

@@ -26,12 +26,12 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
+from mmrl.config import RolloutConfig
+from mmrl.hybrid.actor import compute_log_probs
 from mmrl.protocol import Batch
-from mmrl.rollout import SamplingParams
 from mmrl.rollout.hf import HFRollout
+from mmrl.sampling import SamplingParams
 from mmrl.tasks.text_addition import build_char_tokenizer
-from mmrl.trainer.actor import compute_log_probs
-from mmrl.trainer.config import RolloutConfig
 
 # name -> (hidden, layers, heads (head_dim 64), intermediate, vocab)
 SIZES = {

@@ -13,7 +13,7 @@ import tempfile
 
 import numpy as np
 
-from mmrl.trainer.config import load_config
+from mmrl.config import load_config
 from mmrl.trainer.fit import fit
 
 

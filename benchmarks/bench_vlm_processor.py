@@ -86,8 +86,8 @@ def run_one(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(1)  # one core: CPU seconds = seconds on an idle core
 
+    from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
     from mmrl.processors import VisionProcessor, VisionProcessorConfig, VisionSample, chat_prompt
-    from mmrl.processors.tiny_vlm import build_tiny_qwen2_vl
 
     cache_size, keyed = SETTINGS[args.setting][1:]
     with tempfile.TemporaryDirectory() as tmp:

@@ -25,7 +25,7 @@ METRICS = (("psnr", "PSNR dB ↑", 2), ("ssim", "SSIM ↑", 4), ("lpips", "LPIPS
 
 
 def run_seed(seed: int, out: Path, overrides: list[str], pretrain_per_seed: bool) -> dict:
-    from mmrl.trainer.config import load_config
+    from mmrl.config import load_config
     from mmrl.trainer.fit import fit
 
     extra = [f"task.pretrain.seed={seed}"] if pretrain_per_seed else []

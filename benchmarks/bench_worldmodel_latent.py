@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mmrl.config import load_config
 from mmrl.tasks.worldmodel_latent import WorldModelLatentTask, evaluate_latent_policy
-from mmrl.trainer.config import load_config
 from mmrl.trainer.fit import fit
 from mmrl.verifiers import VerifierRunner
 
@@ -47,7 +47,7 @@ def copy_last_frame(cfg) -> dict[str, float]:
 def copy_last_latent(cfg, base: Path, tmp: Path) -> dict[str, float]:
     """The trivial world model in latent space: an untrained policy's mean is the last
     context latent (its output layer starts at zero), decoded by the same autoencoder."""
-    from mmrl.worldmodel.latent_policy import GaussianLatentPolicy
+    from mmrl.models.latent_policy import GaussianLatentPolicy
 
     trained = GaussianLatentPolicy.from_pretrained(base)
     copy = GaussianLatentPolicy(trained.cfg)
@@ -57,8 +57,8 @@ def copy_last_latent(cfg, base: Path, tmp: Path) -> dict[str, float]:
 
 
 def planner_rows(cfg, models: dict[str, str], episodes: int) -> dict[str, dict[str, float]]:
+    from mmrl.models.latent_policy import AUTOENCODER_DIR, GaussianLatentPolicy
     from mmrl.worldmodel.latent_ae import LatentAutoencoder
-    from mmrl.worldmodel.latent_policy import AUTOENCODER_DIR, GaussianLatentPolicy
     from mmrl.worldmodel.planner import LatentPredictor, SimulatorPredictor, evaluate_planner
 
     env = WorldModelLatentTask(cfg.task).env()

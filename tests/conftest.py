@@ -25,8 +25,8 @@ def run_overrides(output_dir: Path, *extra: str) -> list[str]:
 @pytest.fixture(scope="session")
 def warm_model_dir(tmp_path_factory) -> Path:
     """A tiny addition model after the default SFT warm-up, saved with save_pretrained."""
+    from mmrl.config import load_config
     from mmrl.tasks import get_task
-    from mmrl.trainer.config import load_config
     from mmrl.trainer.fit import prepare_initial_model
     from mmrl.utils.seed import set_seed
 
@@ -84,8 +84,8 @@ def vllm_rollouts(tiny_lm_dirs):
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from mmrl.config import RolloutConfig
     from mmrl.rollout.vllm import VLLMRollout
-    from mmrl.trainer.config import RolloutConfig
 
     cfg = RolloutConfig(name="vllm", dtype="float32", kv_cache_memory_gib=0.125)
     out = {}

@@ -1,4 +1,4 @@
-"""Each formula in mmrl.trainer.core_algos against a plain-Python reference on small tensors."""
+"""Each formula in mmrl.algos against a plain-Python reference on small tensors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmrl.trainer.core_algos import (
+from mmrl.algos import (
     ADV_ESTIMATORS,
     AdaptiveKLController,
     AdvantageConfig,

@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from mmrl.config import load_config
 from mmrl.processors import PromptTooLongError
-from mmrl.trainer.config import load_config
 from mmrl.trainer.fit import fit
 from mmrl.verifiers import VERIFIERS, register_verifier
 from tests.conftest import run_overrides

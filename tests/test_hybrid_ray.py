@@ -23,11 +23,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from mmrl.config import load_config
 from mmrl.hybrid import ActorRolloutRefWorker, LocalWorkerGroup, WorkerError
 from mmrl.protocol import Batch
-from mmrl.rollout import SamplingParams
+from mmrl.sampling import SamplingParams
 from mmrl.tasks import get_task
-from mmrl.trainer.config import load_config
 from tests.conftest import run_overrides
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from mmrl.protocol import FORMAT_VERSION, JSON_FILE, TENSORS_FILE, Batch
+from mmrl.protocol import Batch
+from mmrl.utils.batch_io import FORMAT_VERSION, JSON_FILE, TENSORS_FILE
 
 
 def make_batch(n: int = 5) -> Batch:

@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from mmrl.trainer.config import load_config
+from mmrl.config import load_config
 from mmrl.trainer.fit import fit
 from tests.conftest import run_overrides
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from mmrl.hybrid.actor import compute_log_probs
 from mmrl.processors import TextProcessor
-from mmrl.rollout import SamplingParams
-from mmrl.rollout.base import SUPPORT_KEY, restrict_logits
 from mmrl.rollout.hf import HFRollout
-from mmrl.trainer.actor import compute_log_probs
+from mmrl.sampling import SUPPORT_KEY, SamplingParams, restrict_logits
 from tests.conftest import save_tiny_qwen2
 
 

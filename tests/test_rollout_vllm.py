@@ -13,12 +13,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from mmrl.config import RolloutConfig, load_config
+from mmrl.hybrid.actor import MODEL_INPUTS, compute_log_probs
 from mmrl.processors import TextProcessor
 from mmrl.protocol import Batch
-from mmrl.rollout import SamplingParams
 from mmrl.rollout.hf import HFRollout
-from mmrl.trainer.actor import MODEL_INPUTS, compute_log_probs
-from mmrl.trainer.config import RolloutConfig, load_config
+from mmrl.sampling import SamplingParams
 from mmrl.trainer.fit import fit
 from tests.conftest import run_overrides
 

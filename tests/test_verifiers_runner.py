@@ -185,7 +185,7 @@ def test_process_mode_runs_on_ray_actors_when_ray_is_initialised(faulty):
 @pytest.mark.slow
 def test_grpo_run_with_raising_hanging_and_nan_verifiers_finishes_with_right_invalid_counts(tmp_path, faulty, caplog):
     """8 prompts x 4 samples per step: prompts 0, 4 raise, 1 hangs, 2, 6 give NaN -> 20 of 32 invalid."""
-    from mmrl.trainer.config import load_config
+    from mmrl.config import load_config
     from mmrl.trainer.fit import fit
 
     verifiers = (

@@ -8,8 +8,8 @@ import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
+from mmrl.config import compose, config_dir
 from mmrl.processors.vision import VisionProcessorConfig, model_rope_index
-from mmrl.trainer.config import compose, config_dir
 
 EXAMPLE = "examples/qwen2_5_vl_7b_gpu"
 ARCH = config_dir() / "examples" / "qwen2_5_vl_7b_instruct_config.json"

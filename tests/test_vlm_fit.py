@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
+from mmrl.config import load_config
 from mmrl.data import write_vision_parquet
-from mmrl.processors.tiny_vlm import build_tiny_qwen2_vl
+from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
 from mmrl.tasks.visual_counting import VisualCountingConfig, make_counting_dataset
 from mmrl.trainer import cli
-from mmrl.trainer.config import load_config
 from mmrl.trainer.fit import fit
 from tests.conftest import run_overrides
 

@@ -7,6 +7,13 @@ import pytest
 import torch
 from PIL import Image
 
+from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
+from mmrl.models.vlm import (
+    generate_vlm,
+    suppressed_token_ids,
+    vlm_forward_logits,
+    vlm_response_log_probs,
+)
 from mmrl.processors import (
     VisionProcessor,
     VisionProcessorConfig,
@@ -14,15 +21,8 @@ from mmrl.processors import (
     VisionTokenMismatchError,
     chat_prompt,
 )
-from mmrl.processors.tiny_vlm import build_tiny_qwen2_vl
-from mmrl.processors.vision_forward import (
-    generate_vlm,
-    suppressed_token_ids,
-    vlm_forward_logits,
-    vlm_response_log_probs,
-)
 from mmrl.protocol import Batch
-from mmrl.rollout.base import SamplingParams
+from mmrl.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +96,8 @@ def test_forward_matches_the_models_own_position_computation(setup):
     model, proc = setup
     batch = mixed_prompts(proc)
     ours = vlm_forward_logits(model, batch)
-    from mmrl.processors.vision_forward import visual_model_inputs
-    from mmrl.processors.vision_inputs import mm_token_type_ids
+    from mmrl.models.vlm import visual_model_inputs
+    from mmrl.models.vlm_inputs import mm_token_type_ids
 
     model.model.rope_deltas = None
     theirs = model(
@@ -171,7 +171,7 @@ def test_qwen2_5_vl_video_positions_match_the_model(tmp_path):
         Qwen2_5_VLProcessor,
     )
 
-    from mmrl.processors.tiny_vlm import DEFAULT_TEXT, build_tiny_qwen2_vl_processor
+    from mmrl.models.tiny_vlm import DEFAULT_TEXT, build_tiny_qwen2_vl_processor
 
     base = build_tiny_qwen2_vl_processor(56 * 56, 112 * 112)
     processor = Qwen2_5_VLProcessor(base.image_processor, base.tokenizer, base.video_processor,
@@ -196,7 +196,7 @@ def test_qwen2_5_vl_video_positions_match_the_model(tmp_path):
                          VisionSample(chat_prompt(proc.processor, "<image>!"), [image(56, 56, 0)])])
     mm = batch["multi_modal_inputs"][0]
     assert mm["second_per_grid_ts"].tolist() == [2.0]  # temporal patch 2 / 1 fps
-    from mmrl.processors.vision_inputs import collate_multi_modal, mm_token_type_ids
+    from mmrl.models.vlm_inputs import collate_multi_modal, mm_token_type_ids
 
     collated = collate_multi_modal(batch["multi_modal_inputs"])
     expected, _ = model.model.get_rope_index(

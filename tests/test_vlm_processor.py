@@ -11,6 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
+from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
+from mmrl.models.vlm_inputs import check_vision_tokens, mm_token_type_ids
 from mmrl.processors import (
     PromptTooLongError,
     VisionProcessor,
@@ -23,8 +25,6 @@ from mmrl.processors import (
     split_multi_modal,
 )
 from mmrl.processors.media import read_video
-from mmrl.processors.tiny_vlm import build_tiny_qwen2_vl
-from mmrl.processors.vision_inputs import check_vision_tokens, mm_token_type_ids
 from mmrl.protocol import Batch
 
 

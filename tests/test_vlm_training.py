@@ -7,13 +7,14 @@ import pytest
 import torch
 from PIL import Image
 
+from mmrl.config import ActorConfig
+from mmrl.hybrid import actor as actor_fns
+from mmrl.models.freeze import freeze_modules
+from mmrl.models.responses import finish_rollout
+from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
+from mmrl.models.vlm import generate_vlm, vlm_response_log_probs
 from mmrl.processors import VisionProcessor, VisionProcessorConfig, VisionSample, chat_prompt
-from mmrl.processors.tiny_vlm import build_tiny_qwen2_vl
-from mmrl.processors.vision_forward import generate_vlm, vlm_response_log_probs
-from mmrl.rollout import SamplingParams
-from mmrl.rollout.base import finish_rollout
-from mmrl.trainer import actor as actor_fns
-from mmrl.trainer.config import ActorConfig
+from mmrl.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +76,11 @@ def test_freeze_modules_freezes_by_regex_and_the_update_leaves_them(setup):
 
     _, proc = setup
     model = AutoModelForImageTextToText.from_config(setup[0].config)
-    frozen = actor_fns.freeze_modules(model, [r"visual\."])
+    frozen = freeze_modules(model, [r"visual\."])
     assert frozen and all("visual." in name for name in frozen)
     assert all(p.requires_grad == ("visual." not in n) for n, p in model.named_parameters())
     with pytest.raises(ValueError, match="matches no parameter"):
-        actor_fns.freeze_modules(model, ["no_such_module"])
+        freeze_modules(model, ["no_such_module"])
 
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)

@@ -12,10 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
+from mmrl.hybrid import actor as actor_fns
+from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
 from mmrl.processors import VisionProcessor, VisionProcessorConfig, VisionSample, chat_prompt
-from mmrl.processors.tiny_vlm import build_tiny_qwen2_vl
-from mmrl.rollout import SamplingParams
-from mmrl.trainer import actor as actor_fns
+from mmrl.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -24,8 +24,8 @@ pytestmark = pytest.mark.slow
 def engine(tmp_path_factory):
     from transformers import AutoModelForImageTextToText
 
+    from mmrl.config import RolloutConfig
     from mmrl.rollout.vllm import VLLMRollout
-    from mmrl.trainer.config import RolloutConfig
 
     path = build_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny_vlm"), seed=3)
     actor = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True).eval()

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mmrl.worldmodel.latent_policy import (
+from mmrl.models.latent_policy import (
     GaussianLatentPolicy,
     LatentPolicyConfig,
     gaussian_log_prob,

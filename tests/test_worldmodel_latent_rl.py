@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from mmrl.hybrid.actor import compute_log_probs, forward_response_log_probs
+from mmrl.models.latent_policy import AUTOENCODER_DIR, GaussianLatentPolicy, LatentPolicyConfig
 from mmrl.protocol import Batch
-from mmrl.rollout import SamplingParams, get_rollout
-from mmrl.trainer.actor import compute_log_probs, forward_response_log_probs
-from mmrl.worldmodel.latent_policy import AUTOENCODER_DIR, GaussianLatentPolicy, LatentPolicyConfig
+from mmrl.rollout import get_rollout
+from mmrl.sampling import SamplingParams
 from tests.conftest import run_overrides
 
 CFG = LatentPolicyConfig(latent_channels=4, latent_size=8, context=2, action_dim=2, hidden=16)
@@ -81,7 +82,7 @@ def test_policy_shards_with_fsdp2_and_saves_with_its_autoencoder(tmp_path):
     random_policy().save_pretrained(source)
     (source / AUTOENCODER_DIR).mkdir()
     (source / AUTOENCODER_DIR / "config.json").write_text("{}")
-    from mmrl.hybrid.worker import load_policy
+    from mmrl.models.loading import load_policy
 
     policy, tokenizer = load_policy(source)
     assert tokenizer is None
@@ -125,7 +126,7 @@ TINY = (
 
 
 def test_train_worldmodel_latent_runs_steps(tmp_path_factory):
-    from mmrl.trainer.config import load_config
+    from mmrl.config import load_config
     from mmrl.trainer.fit import fit
 
     work, out = tmp_path_factory.mktemp("wm_latent"), tmp_path_factory.mktemp("run")
@@ -155,7 +156,7 @@ SHORT = (
 def test_grpo_raises_heldout_reward_of_the_latent_world_model(tmp_path):
     """The default recipe, shortened (~2 min on 2 cores): held-out -(MAE + LPIPS) of sampled
     predictions must rise under GRPO while the KL to the reference stays bounded."""
-    from mmrl.trainer.config import load_config
+    from mmrl.config import load_config
     from mmrl.trainer.fit import fit
 
     cfg = load_config(run_overrides(tmp_path / "run", *SHORT, f"task.work_dir={tmp_path / 'work'}"))
@@ -185,7 +186,7 @@ def latent_folder(tmp_path_factory):
 
 
 def test_eval_prints_table_for_a_latent_policy(latent_folder, tmp_path, capsys):
-    from mmrl.worldmodel.evaluate import main
+    from mmrl.tasks.worldmodel_eval import main
 
     policy, data = latent_folder
     assert main(["--model", str(policy), "--data", str(data), "--windows", "3", "--samples", "2",
@@ -202,8 +203,8 @@ def test_eval_prints_table_for_a_latent_policy(latent_folder, tmp_path, capsys):
 
 
 def test_eval_latent_policy_mismatches_are_clear(latent_folder, tmp_path):
+    from mmrl.tasks.worldmodel_eval import main
     from mmrl.worldmodel.data import generate_dataset
-    from mmrl.worldmodel.evaluate import main
 
     policy, push = latent_folder
     grid = generate_dataset("grid", 1, 5, tmp_path / "grid", seed=0, progress=False)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mmrl.models.latent_policy import GaussianLatentPolicy, LatentPolicyConfig
 from mmrl.worldmodel.envs import make_env
 from mmrl.worldmodel.latent_ae import AEConfig, LatentAutoencoder, build_ae_model
-from mmrl.worldmodel.latent_policy import GaussianLatentPolicy, LatentPolicyConfig
 from mmrl.worldmodel.planner import (
     LatentPredictor,
     PlannerConfig,

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mmrl.processors.worldmodel import FrameWindows, WorldModelPromptProcessor, load_windows
+from mmrl.tasks.worldmodel_eval import TOKENIZER_SUBDIR
 from mmrl.worldmodel.data import TrajectoryDataset, generate_dataset
-from mmrl.worldmodel.evaluate import TOKENIZER_SUBDIR
 from mmrl.worldmodel.token_lm import (
     TokenLMConfig,
     TokenWorldModelProcessor,
@@ -63,7 +63,7 @@ def test_prompts_have_exact_token_counts_and_truths(grid_dir, checkpoint):
 
 
 def test_decode_round_trip_and_invalid_responses_are_invalid_samples(grid_dir, checkpoint):
-    from mmrl.trainer.config import load_config
+    from mmrl.config import load_config
     from mmrl.verifiers import VerifierRunner
 
     _, tok, proc = checkpoint
@@ -91,8 +91,8 @@ def test_decode_round_trip_and_invalid_responses_are_invalid_samples(grid_dir, c
 
 
 def test_state_match_score_uses_the_renderer_inverse(grid_dir, checkpoint):
+    from mmrl.tasks.worldmodel_eval import state_match
     from mmrl.verifiers.closed_loop import ClosedLoopSample
-    from mmrl.worldmodel.evaluate import state_match
 
     windows = windows_of(grid_dir)
     batch = WorldModelPromptProcessor(checkpoint[2], checkpoint[1]).encode_dataset(windows, "val")
@@ -104,7 +104,7 @@ def test_state_match_score_uses_the_renderer_inverse(grid_dir, checkpoint):
 
 
 def test_task_config_composes_and_text_default_is_unchanged():
-    from mmrl.trainer.config import load_config
+    from mmrl.config import load_config
     from mmrl.worldmodel.token_lm import TokenWorldModelProcessor  # noqa: F401
 
     cfg = load_config(["task=worldmodel_tokens"])
@@ -138,8 +138,8 @@ def test_pretraining_cache_key_and_mismatch(tmp_path):
 
 
 def test_overlong_zero_is_rejected_for_world_models(tmp_path):
+    from mmrl.config import load_config
     from mmrl.tasks import get_task
-    from mmrl.trainer.config import load_config
 
     cfg = load_config(["task=worldmodel_tokens", "reward.overlong_reward=zero"])
     with pytest.raises(ValueError, match="overlong_reward='zero' would zero every reward"):
@@ -147,7 +147,7 @@ def test_overlong_zero_is_rejected_for_world_models(tmp_path):
 
 
 def test_eval_prints_table_on_trajectories_and_mp4(grid_dir, checkpoint, tmp_path, capsys):
-    from mmrl.worldmodel.evaluate import main
+    from mmrl.tasks.worldmodel_eval import main
     from mmrl.worldmodel.video import write_mp4
 
     model_dir = checkpoint[0]
@@ -168,7 +168,7 @@ def test_eval_prints_table_on_trajectories_and_mp4(grid_dir, checkpoint, tmp_pat
 
 
 def test_eval_errors_are_clear(grid_dir, checkpoint, tmp_path):
-    from mmrl.worldmodel.evaluate import main
+    from mmrl.tasks.worldmodel_eval import main
     from mmrl.worldmodel.video import write_mp4
 
     model_dir = str(checkpoint[0])
@@ -195,7 +195,7 @@ def test_eval_errors_are_clear(grid_dir, checkpoint, tmp_path):
 def test_report_writes_markdown_pngs_and_gif(grid_dir, tmp_path):
     from PIL import Image
 
-    from mmrl.worldmodel.report import write_report
+    from mmrl.tasks.worldmodel_report import write_report
 
     windows = windows_of(grid_dir)
     metrics = {"psnr": 20.0, "ssim": 0.5, "lpips": 0.1, "mae": 0.05, "state_match": 0.5, "valid": 1.0}
@@ -216,7 +216,7 @@ def test_grpo_beats_its_pretrained_start_on_held_out(tmp_path):
     """The whole recipe, small and with a fixed seed: data, tokenizer, MLE pretraining to a
     fixed budget, GRPO with -(MAE + LPIPS), then held-out base vs RL with the same decoding.
     RL must improve PSNR and LPIPS under greedy and under sampled decoding."""
-    from mmrl.trainer.config import load_config
+    from mmrl.config import load_config
     from mmrl.trainer.fit import fit
     from tests.conftest import run_overrides
 
@@ -243,8 +243,8 @@ def test_grpo_beats_its_pretrained_start_on_held_out(tmp_path):
 
 def test_gpu_example_composes_and_its_model_fits_its_settings():
     """configs/examples/worldmodel_tokens_gpu.yaml, checked without a GPU or any download."""
+    from mmrl.config import compose
     from mmrl.tasks.worldmodel_tokens import pretrain_config
-    from mmrl.trainer.config import compose
     from mmrl.worldmodel.envs import make_env
 
     cfg = compose([], config_name="examples/worldmodel_tokens_gpu")

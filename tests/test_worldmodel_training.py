@@ -9,14 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from mmrl.worldmodel.data import TrajectoryDataset, generate_dataset
-from mmrl.worldmodel.envs import make_env, states_equal
-from mmrl.worldmodel.latent_policy import (
+from mmrl.models.latent_policy import (
     GaussianLatentPolicy,
     LatentPolicyConfig,
-    latent_windows,
-    pretrain_latent_policy,
 )
+from mmrl.worldmodel.data import TrajectoryDataset, generate_dataset
+from mmrl.worldmodel.envs import make_env, states_equal
+from mmrl.worldmodel.latent_pretrain import latent_windows, pretrain_latent_policy
 from mmrl.worldmodel.pretrain import load_pretrain_config, pretrain_token_world_model
 from mmrl.worldmodel.token_lm import load_token_world_model
 from mmrl.worldmodel.tokenizer import AETrainConfig, VQConfig

@@ -7,7 +7,7 @@ anyone building other groups.
 from mmrl.hybrid.dispatch import Dispatch, register
 from mmrl.hybrid.group import LocalWorkerGroup, WorkerError, WorkerGroup, WorkerHost
 from mmrl.hybrid.launch import Workers, build_workers, init_ray
-from mmrl.hybrid.worker import ActorRolloutRefWorker, CriticWorker, load_causal_lm
+from mmrl.hybrid.worker import ActorRolloutRefWorker, CriticWorker
 
 __all__ = [
     "ActorRolloutRefWorker",
@@ -20,6 +20,5 @@ __all__ = [
     "Workers",
     "build_workers",
     "init_ray",
-    "load_causal_lm",
     "register",
 ]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
+from mmrl.config import RunConfig, TrainerConfig
 from mmrl.hybrid.group import LocalWorkerGroup, WorkerGroup
 from mmrl.hybrid.worker import ActorRolloutRefWorker, CriticWorker
-from mmrl.trainer.config import RunConfig, TrainerConfig
 
 log = logging.getLogger(__name__)
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false"}

@@ -19,56 +19,24 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForImageTextToText,
     AutoModelForTokenClassification,
     AutoProcessor,
-    AutoTokenizer,
 )
 
+from mmrl.config import RunConfig
+from mmrl.hybrid import actor as actor_fns
+from mmrl.hybrid import critic as critic_fns
 from mmrl.hybrid import fsdp
 from mmrl.hybrid.dispatch import Dispatch, register
+from mmrl.models.freeze import freeze_modules
+from mmrl.models.loading import load_policy
 from mmrl.protocol import Batch
-from mmrl.rollout import SamplingParams, get_rollout
-from mmrl.trainer import actor as actor_fns
-from mmrl.trainer import critic as critic_fns
-from mmrl.trainer.config import RunConfig
+from mmrl.rollout import get_rollout
+from mmrl.sampling import SamplingParams
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Rank r samples with seed + r * RANK_SEED_STRIDE: ranks draw independent noise, and
 # rank 0 keeps the configured seed, so one worker reproduces the embedded run.
 RANK_SEED_STRIDE = 1_000_003
-
-
-def load_causal_lm(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
-    """Load a ``save_pretrained`` directory from local disk only."""
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"actor_rollout_ref.model.path={str(path)!r} is not a save_pretrained directory "
-            "(no config.json there); models are never downloaded"
-        )
-    if dtype not in DTYPES:
-        raise ValueError(f"actor_rollout_ref.model.dtype={dtype!r}; expected one of {sorted(DTYPES)}")
-    # A VLM (Qwen2-VL, Qwen2.5-VL: the config has a vision tower) loads with its vision tower.
-    vlm = getattr(AutoConfig.from_pretrained(path, local_files_only=True), "vision_config", None) is not None
-    auto = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
-    return auto.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True)
-
-
-def load_policy(path: str | Path, dtype: str = "float32") -> tuple[torch.nn.Module, object | None]:
-    """The actor and its tokenizer from a local folder; the folder's files say which kind.
-
-    A latent world-model policy (``latent_policy.json``) has no tokenizer (``None``);
-    anything else is a transformers causal LM with its tokenizer.
-    """
-    if (Path(path) / "latent_policy.json").is_file():
-        # Imported here: it loads diffusers, which an LM run never needs.
-        from mmrl.worldmodel.latent_policy import GaussianLatentPolicy
-
-        return GaussianLatentPolicy.from_pretrained(path).to(DTYPES[dtype]), None
-    return load_causal_lm(path, dtype), AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def local_mini_batch_size(global_size: int, world_size: int, key: str) -> int:
@@ -103,7 +71,7 @@ class ActorRolloutRefWorker:
         is_vlm = getattr(getattr(model, "config", None), "vision_config", None) is not None
         self.processor = AutoProcessor.from_pretrained(model_path, local_files_only=True) if is_vlm else None
         ref = copy.deepcopy(model).eval().requires_grad_(False) if need_ref else None
-        actor_fns.freeze_modules(model, arr.actor.freeze_modules)
+        freeze_modules(model, arr.actor.freeze_modules)
         self.model = fsdp.shard_model(model, mp_policy)
         self.ref_model = fsdp.shard_model(ref, mp_policy) if ref is not None else None
         # Built over the sharded parameters, so each rank holds only its shard of Adam's state.

@@ -8,9 +8,9 @@ its media. :meth:`VisionProcessor.encode` turns samples into a :class:`~mmrl.pro
 - ``position_ids`` [B, 3, P]: mrope positions computed once, by the model's own
   ``get_rope_index``. mmrl keeps the model's 3 rows (temporal, height, width); it does
   not prepend verl's 4th text row. Response positions come from
-  :func:`~mmrl.processors.vision_inputs.extend_position_ids`;
+  :func:`~mmrl.models.vlm_inputs.extend_position_ids`;
 - non-tensor ``multi_modal_inputs``: a dict of tensors per sample (layout in
-  :mod:`mmrl.processors.vision_inputs`); ``raw_prompt``; ``multi_modal_data`` (the raw
+  :mod:`mmrl.models.vlm_inputs`); ``raw_prompt``; ``multi_modal_data`` (the raw
   media, only with ``keep_raw_media``).
 
 Processed prompts are cached by content (or by ``VisionSample.key``), so the n rollouts of
@@ -30,14 +30,14 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoModel, AutoProcessor, PretrainedConfig, ProcessorMixin
 
-from mmrl.processors.media import ImageInput, VideoInput, load_image, media_digest, read_video
-from mmrl.processors.text import PromptTooLongError, TextProcessor
-from mmrl.processors.vision_inputs import (
+from mmrl.models.vlm_inputs import (
     IMAGE_KEYS,
     VIDEO_KEYS,
     check_vision_tokens,
     mm_token_type_ids,
 )
+from mmrl.processors.media import ImageInput, VideoInput, load_image, media_digest, read_video
+from mmrl.processors.text import PromptTooLongError, TextProcessor
 from mmrl.protocol import Batch
 
 PIXEL_KEYS = ("pixel_values", "pixel_values_videos")

@@ -20,7 +20,7 @@ from mmrl.processors.vision import VisionProcessor, VisionProcessorConfig, Visio
 from mmrl.protocol import Batch
 
 if TYPE_CHECKING:
-    from mmrl.trainer.config import RunConfig
+    from mmrl.config import RunConfig
 
 SamplesFn = Callable[[Any, ProcessorMixin, str], list[VisionSample]]
 

@@ -1,13 +1,7 @@
 """Rollout engines behind one interface: ``generate(batch, sampling) -> batch``."""
 
 from mmrl.rollout import hf, latent  # noqa: F401  (registers the engines)
-from mmrl.rollout.base import (
-    ROLLOUT_ENGINES,
-    RolloutEngine,
-    SamplingParams,
-    get_rollout,
-    register_rollout,
-)
+from mmrl.rollout.base import ROLLOUT_ENGINES, RolloutEngine, get_rollout, register_rollout
 
 
 @register_rollout("vllm")
@@ -18,4 +12,4 @@ def _vllm_rollout(**kwargs) -> RolloutEngine:
     return VLLMRollout(**kwargs)
 
 
-__all__ = ["ROLLOUT_ENGINES", "RolloutEngine", "SamplingParams", "get_rollout", "register_rollout"]
+__all__ = ["ROLLOUT_ENGINES", "RolloutEngine", "get_rollout", "register_rollout"]

@@ -11,15 +11,10 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from mmrl.models.responses import finish_rollout, generated_responses
 from mmrl.protocol import Batch
-from mmrl.rollout.base import (
-    SUPPORT_KEY,
-    SamplingParams,
-    finish_rollout,
-    generated_responses,
-    register_rollout,
-    sampling_support,
-)
+from mmrl.rollout.base import register_rollout
+from mmrl.sampling import SUPPORT_KEY, SamplingParams, sampling_support
 
 
 @register_rollout("hf")
@@ -41,7 +36,7 @@ class HFRollout:
     @torch.no_grad()
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         if "multi_modal_inputs" in prompts:  # a VLM prompt batch (images, video, mrope positions)
-            from mmrl.processors.vision_forward import generate_vlm
+            from mmrl.models.vlm import generate_vlm
 
             return generate_vlm(self.model, prompts, sampling, self.eos_token_id, self.pad_token_id)
         stop_ids = {self.eos_token_id, *sampling.stop_token_ids}

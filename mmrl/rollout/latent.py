@@ -20,15 +20,17 @@ import math
 import torch
 from torch import nn
 
+from mmrl.models.latent_policy import gaussian_log_prob
 from mmrl.protocol import Batch
-from mmrl.rollout.base import SamplingParams, register_rollout
+from mmrl.rollout.base import register_rollout
+from mmrl.sampling import SamplingParams
 
 
 @register_rollout("latent")
 class LatentRollout:
     """Samples from a module whose ``forward(context [B, K, C, h, w], actions [B, K, A])``
     returns ``(mean, log_std)`` of the next latent, e.g.
-    :class:`~mmrl.worldmodel.latent_policy.GaussianLatentPolicy`.
+    :class:`~mmrl.models.latent_policy.GaussianLatentPolicy`.
 
     Prompts hold ``context_latents [B, K, C, h, w]``, ``actions [B, K+F-1, A]`` and
     ``attention_mask [B, K]`` (one position per context frame). The result adds
@@ -71,17 +73,11 @@ class LatentRollout:
                 z = mean + noise * log_std.exp()
             else:
                 z = mean
-            log_probs.append(gaussian_log_density(z, mean, log_std))
+            log_probs.append(gaussian_log_prob(z, mean, log_std))
             latents.append(z)
             window = torch.cat([window[:, 1:], z.unsqueeze(1)], dim=1)
         self.model.train(was_training)
         return finish_latent_rollout(prompts, torch.stack(latents, 1), torch.stack(log_probs, 1))
-
-
-def gaussian_log_density(z: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
-    """``sum_d log N(z_d; mean_d, exp(log_std_d)^2)`` over all dims but the first: ``[B]``."""
-    per_dim = -0.5 * ((z - mean) * torch.exp(-log_std)) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
-    return per_dim.flatten(1).sum(1)
 
 
 def finish_latent_rollout(prompts: Batch, latents: torch.Tensor, log_probs: torch.Tensor) -> Batch:

@@ -16,16 +16,12 @@ import torch
 from torch import nn
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
+from mmrl.config import RolloutConfig
+from mmrl.models.responses import finish_rollout
 from mmrl.processors.media import load_image, read_video
 from mmrl.protocol import Batch
-from mmrl.rollout.base import (
-    SUPPORT_KEY,
-    SamplingParams,
-    finish_rollout,
-    register_rollout,
-    sampling_support,
-)
-from mmrl.trainer.config import RolloutConfig
+from mmrl.rollout.base import register_rollout
+from mmrl.sampling import SUPPORT_KEY, SamplingParams, sampling_support
 
 # Read by vLLM at import and engine start-up, so they are set before `import vllm`.
 # Keep the engine core in this process: `collective_rpc` then calls our function on
@@ -210,7 +206,7 @@ class VisionPrompts:
     vLLM expands each placeholder it is given, so every run of placeholders is collapsed to
     one token first and vLLM's expansion is checked against the Batch's. Vision tokens are
     never sampled (``suppressed_token_ids``), as in
-    :func:`mmrl.processors.vision_forward.generate_vlm`, and the Batch's sampling support
+    :func:`mmrl.models.vlm.generate_vlm`, and the Batch's sampling support
     names them, so the sampling log-probs describe the distribution that
     ``vlm_response_log_probs`` recomputes.
     """

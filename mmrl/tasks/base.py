@@ -16,10 +16,10 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from mmrl.processors.base import PromptProcessor
 from mmrl.processors.text import TextProcessor
-from mmrl.trainer.sft import SFTConfig
+from mmrl.tasks.sft import SFTConfig
 
 if TYPE_CHECKING:
-    from mmrl.trainer.config import RunConfig
+    from mmrl.config import RunConfig
 
 C = TypeVar("C")
 

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from mmrl.tasks.base import PromptDataset, Task, TaskData, register_task, task_config
-from mmrl.trainer.sft import SFTConfig
+from mmrl.tasks.sft import SFTConfig
 
 CHARS = list("0123456789+-*= ")
 SPECIAL = {"pad": "<pad>", "eos": "<eos>", "bos": "<bos>"}

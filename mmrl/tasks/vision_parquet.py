@@ -17,10 +17,10 @@ from mmrl.data import VisionPromptDataset, load_vision_parquet
 from mmrl.processors.vision import VisionSample
 from mmrl.processors.vision_prompts import VisionPromptProcessor
 from mmrl.tasks.base import Task, TaskData, register_task, task_config
-from mmrl.trainer.sft import SFTConfig
+from mmrl.tasks.sft import SFTConfig
 
 if TYPE_CHECKING:
-    from mmrl.trainer.config import RunConfig
+    from mmrl.config import RunConfig
 
 
 @dataclass

@@ -17,8 +17,8 @@ from typing import Any
 
 from mmrl.data import VisionPromptDataset
 from mmrl.tasks.base import register_task
+from mmrl.tasks.sft import SFTConfig
 from mmrl.tasks.visual_counting import VisualCountingTask, draw_shapes
-from mmrl.trainer.sft import SFTConfig
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Each image is drawn on a grid of cells (one shape per cell, jittered), so the answer is
 exact and nothing is downloaded. The prompt asks for ``<think>...</think><answer>N</answer>``;
 the ground truth is N as a string. The model is a tiny Qwen2-VL built from config
-(:mod:`mmrl.processors.tiny_vlm`).
+(:mod:`mmrl.models.tiny_vlm`).
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from PIL import Image, ImageDraw
 from transformers import PreTrainedTokenizerBase, ProcessorMixin, Qwen2VLForConditionalGeneration
 
 from mmrl.data import VisionPromptDataset
-from mmrl.processors.tiny_vlm import build_tiny_qwen2_vl_processor, tiny_qwen2_vl_config
+from mmrl.models.freeze import freeze_modules
+from mmrl.models.tiny_vlm import build_tiny_qwen2_vl_processor, tiny_qwen2_vl_config
 from mmrl.processors.vision import VisionSample
 from mmrl.processors.vision_prompts import VisionPromptProcessor
 from mmrl.tasks.base import Task, TaskData, register_task, task_config
-from mmrl.trainer.actor import freeze_modules
-from mmrl.trainer.sft import SFTConfig
-from mmrl.trainer.sft_vlm import warm_up_vlm
+from mmrl.tasks.sft import SFTConfig
+from mmrl.tasks.sft_vlm import warm_up_vlm
 
 if TYPE_CHECKING:
-    from mmrl.trainer.config import RunConfig
+    from mmrl.config import RunConfig
 
 COLORS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
 SHAPES = ("circle", "square", "triangle")

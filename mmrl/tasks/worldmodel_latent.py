@@ -16,24 +16,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mmrl.models.latent_policy import (
+    AUTOENCODER_DIR,
+    GaussianLatentPolicy,
+    LatentPolicyConfig,
+)
 from mmrl.processors.latent import FrameWindows, LatentWorldModelProcessor, frame_windows
 from mmrl.tasks.base import Task, TaskData, register_task, task_config
-from mmrl.trainer.sft import SFTConfig
+from mmrl.tasks.sft import SFTConfig
 from mmrl.worldmodel import frames as F
 from mmrl.worldmodel.data import generate_dataset
 from mmrl.worldmodel.envs import make_env
 from mmrl.worldmodel.latent_ae import AEConfig, LatentAutoencoder, train_latent_ae
-from mmrl.worldmodel.latent_policy import (
-    AUTOENCODER_DIR,
-    GaussianLatentPolicy,
-    LatentPolicyConfig,
-    latent_windows,
-    pretrain_latent_policy,
-)
+from mmrl.worldmodel.latent_pretrain import latent_windows, pretrain_latent_policy
 from mmrl.worldmodel.tokenizer import AETrainConfig
 
 if TYPE_CHECKING:
-    from mmrl.trainer.config import RunConfig
+    from mmrl.config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +165,7 @@ def evaluate_latent_policy(cfg: RunConfig, model_path: str | Path, greedy: bool,
 
     import numpy as np
 
-    from mmrl.rollout import SamplingParams
+    from mmrl.sampling import SamplingParams
     from mmrl.rollout.latent import LatentRollout
     from mmrl.verifiers import VerifierRunner
 

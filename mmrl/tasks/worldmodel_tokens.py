@@ -24,8 +24,8 @@ from omegaconf import OmegaConf
 from mmrl.tasks.base import Task, TaskData, register_task, task_config
 
 if TYPE_CHECKING:
+    from mmrl.config import RunConfig
     from mmrl.processors.worldmodel import WorldModelPromptProcessor
-    from mmrl.trainer.config import RunConfig
     from mmrl.worldmodel.pretrain import PretrainConfig
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class WorldModelTokensTask(Task):
 
     def build_prompt_processor(self, model_path: Path, cfg: RunConfig) -> WorldModelPromptProcessor:
         from mmrl.processors.worldmodel import WorldModelPromptProcessor
-        from mmrl.worldmodel.evaluate import TOKENIZER_SUBDIR
+        from mmrl.tasks.worldmodel_eval import TOKENIZER_SUBDIR
         from mmrl.worldmodel.token_lm import PROCESSOR_FILE, TokenWorldModelProcessor
         from mmrl.worldmodel.tokenizer import VQTokenizer
 
@@ -117,7 +117,7 @@ class WorldModelTokensTask(Task):
 
     def on_fit_end(self, cfg: RunConfig, base_dir: Path, actor_dir: Path, history: list[dict]) -> dict[str, Any]:
         """Make the actor a complete world-model checkpoint, compare it with the base, report."""
-        from mmrl.worldmodel.evaluate import compare_base_and_rl
+        from mmrl.tasks.worldmodel_eval import compare_base_and_rl
 
         complete_checkpoint(Path(base_dir), Path(actor_dir))
         val = self.build_data(cfg.trainer.seed).val
@@ -126,7 +126,7 @@ class WorldModelTokensTask(Task):
                                      progress=cfg.trainer.progress_bar)
         (cfg.output_dir / "worldmodel_eval.json").write_text(json.dumps(result["table"], indent=1))
         if self.cfg.report:
-            from mmrl.worldmodel.report import write_report
+            from mmrl.tasks.worldmodel_report import write_report
 
             result["report"] = str(write_report(cfg.output_dir / "report", history, result, held_out))
         return {"worldmodel_eval": result["table"], **({"report": result["report"]} if "report" in result else {})}
@@ -146,7 +146,7 @@ class WorldModelTokensTask(Task):
 def pretrain_config(overrides: dict[str, Any], cache_dir: str) -> PretrainConfig:
     """``configs/worldmodel/pretrain.yaml`` with ``overrides``; without an explicit
     ``output_dir`` it goes to ``<cache_dir>/<env>-<hash of the settings>``."""
-    from mmrl.trainer.config import compose
+    from mmrl.config import compose
     from mmrl.worldmodel.pretrain import PretrainConfig
 
     raw = compose([], config_name="worldmodel/pretrain")
@@ -178,7 +178,7 @@ def cached_pretraining(cfg: PretrainConfig) -> dict[str, Any] | None:
 
 def attach_tokenizer(model_dir: Path, tokenizer_dir: Path) -> None:
     """Copy the VQ tokenizer into ``model_dir/vq_tokenizer`` so the checkpoint stands alone."""
-    from mmrl.worldmodel.evaluate import TOKENIZER_SUBDIR
+    from mmrl.tasks.worldmodel_eval import TOKENIZER_SUBDIR
 
     dest = model_dir / TOKENIZER_SUBDIR
     if not (dest / "config.json").exists():
@@ -188,7 +188,7 @@ def attach_tokenizer(model_dir: Path, tokenizer_dir: Path) -> None:
 def complete_checkpoint(base_dir: Path, actor_dir: Path) -> None:
     """Give the RL actor (saved by the worker with ``save_pretrained``) the base's layout,
     processor and tokenizer files, so ``load_checkpoint``/``mmrl eval`` read it like the base."""
-    from mmrl.worldmodel.evaluate import TOKENIZER_SUBDIR
+    from mmrl.tasks.worldmodel_eval import TOKENIZER_SUBDIR
     from mmrl.worldmodel.token_lm import PROCESSOR_FILE
     from mmrl.worldmodel.vocab import LAYOUT_FILE
 

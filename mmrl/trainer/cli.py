@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from mmrl.trainer.config import load_config
+from mmrl.config import load_config
 
 
 def train(overrides: list[str], config_name: str = "train") -> int:
@@ -22,7 +22,7 @@ def train(overrides: list[str], config_name: str = "train") -> int:
     print(f"  trained actor:  {result.output_dir / 'actor'} (save_pretrained)")
     table = result.summary.get("worldmodel_eval")
     if table:
-        from mmrl.worldmodel.evaluate import format_table
+        from mmrl.tasks.worldmodel_eval import format_table
 
         print("\n  held-out world-model metrics (base = pretrained start, rl = after GRPO):")
         rows = {f"{m} ({d})": table[m][d] for d in ("greedy", "sampled") for m in ("base", "rl")}
@@ -41,7 +41,7 @@ def pretrain_worldmodel(overrides: list[str]) -> int:
 
 
 def evaluate(argv: list[str]) -> int:
-    from mmrl.worldmodel.evaluate import main as eval_main
+    from mmrl.tasks.worldmodel_eval import main as eval_main
 
     return eval_main(argv)
 

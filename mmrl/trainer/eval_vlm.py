@@ -51,12 +51,12 @@ def evaluate_parquet(
     filter_overlong_prompts: bool = False,
 ) -> EvalResult:
     """Generate one response per row of ``files`` with ``checkpoint`` and score it."""
-    from mmrl.hybrid.worker import load_causal_lm
-    from mmrl.processors.vision_forward import generate_vlm
+    from mmrl.config import RunConfig
+    from mmrl.models.loading import load_causal_lm
+    from mmrl.models.vlm import generate_vlm
     from mmrl.processors.vision_prompts import VisionPromptProcessor
-    from mmrl.rollout import SamplingParams
+    from mmrl.sampling import SamplingParams
     from mmrl.tasks.vision_parquet import VisionParquetTask
-    from mmrl.trainer.config import RunConfig
     from mmrl.verifiers import get_verifier
 
     start = time.perf_counter()

@@ -17,15 +17,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from mmrl import algos
+from mmrl.config import KLControlConfig, RunConfig
 from mmrl.hybrid import WorkerGroup, build_workers
 from mmrl.processors.base import PromptProcessor
 from mmrl.protocol import Batch
-from mmrl.rollout import SamplingParams
+from mmrl.sampling import SamplingParams
 from mmrl.tasks import Task, get_task
-from mmrl.trainer import core_algos
-from mmrl.trainer.config import KLControlConfig, RunConfig
+from mmrl.tasks.sft import sft_train
 from mmrl.trainer.metrics import compute_data_metrics
-from mmrl.trainer.sft import sft_train
 from mmrl.trainer.tracking import Tracker
 from mmrl.utils.seed import set_seed
 from mmrl.utils.timing import peak_rss_gib, timer
@@ -98,9 +98,9 @@ def prepare_initial_model(cfg: RunConfig, task: Task) -> tuple[Path, dict[str, f
 
 def build_kl_controller(cfg: KLControlConfig):
     if cfg.type == "fixed":
-        return core_algos.FixedKLController(cfg.kl_coef)
+        return algos.FixedKLController(cfg.kl_coef)
     if cfg.type == "adaptive":
-        return core_algos.AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.horizon)
+        return algos.AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.horizon)
     raise ValueError(f"algorithm.kl_ctrl.type={cfg.type!r}; expected 'fixed' or 'adaptive'")
 
 
@@ -172,7 +172,7 @@ def rl_step(
         with timer("old_log_prob", metrics):
             batch["old_log_probs"] = worker.compute_log_prob(batch)
         if algo.rollout_is:
-            batch["rollout_is_weights"], is_metrics = core_algos.rollout_is_weights(
+            batch["rollout_is_weights"], is_metrics = algos.rollout_is_weights(
                 batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
                 algo.rollout_is, algo.rollout_is_cap,
             )
@@ -188,7 +188,7 @@ def rl_step(
                 batch["values"] = critic.compute_values(batch)
         with timer("adv", metrics):
             if algo.use_kl_in_reward:
-                rewards, kl_metrics = core_algos.apply_kl_penalty(
+                rewards, kl_metrics = algos.apply_kl_penalty(
                     batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_prob"],
                     batch["response_mask"], kl_ctrl, algo.kl_penalty,
                 )
@@ -196,12 +196,12 @@ def rl_step(
             else:
                 rewards = batch["token_level_scores"]
             batch["token_level_rewards"] = rewards
-            batch["advantages"], batch["returns"] = core_algos.get_adv_estimator(algo.adv_estimator)(
+            batch["advantages"], batch["returns"] = algos.get_adv_estimator(algo.adv_estimator)(
                 token_level_rewards=rewards,
                 response_mask=batch["response_mask"],
                 valid_mask=batch["valid_mask"],
                 index=batch["uid"],
-                config=core_algos.AdvantageConfig(
+                config=algos.AdvantageConfig(
                     gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo
                 ),
                 values=batch["values"] if critic is not None else None,
@@ -260,7 +260,7 @@ def fit(cfg: RunConfig) -> RunResult:
             "is zero and the policy will not learn. Set rollout.n >= 2.",
             stacklevel=2,
         )
-    core_algos.get_adv_estimator(algo.adv_estimator)  # fail on a bad name before any work
+    algos.get_adv_estimator(algo.adv_estimator)  # fail on a bad name before any work
     task = get_task(cfg.task.get("name", ""))(cfg.task)
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
     model_path, init_metrics = prepare_initial_model(cfg, task)

@@ -8,20 +8,18 @@ Built-ins: exact_answer, format, math_answer, psnr, ssim, mae, mse, lpips, lpips
 closed_loop, state_match. See docs/verifiers.md.
 """
 
-from mmrl.verifiers import closed_loop, image, lpips, reasoning, state_match, text  # noqa: F401  (register built-ins)
 from mmrl.verifiers.base import (
     VERIFIERS,
     RunOptions,
     VerifierOutput,
     VerifierOutputError,
     as_output,
-    get_verifier,
     register_verifier,
     verifier,
 )
 from mmrl.verifiers.closed_loop import ClosedLoopSample, TaskEnvironment, register_task_score
 from mmrl.verifiers.frames import aggregate_frames, frame_pairs, to_unit_float
-from mmrl.verifiers.plugins import ENTRY_POINT_GROUP, available
+from mmrl.verifiers.plugins import ENTRY_POINT_GROUP, available, get_verifier
 from mmrl.verifiers.runner import VerifierRunner, get_runner, score_batch
 
 __all__ = [

@@ -111,13 +111,6 @@ def register_verifier(
     return wrap
 
 
-def get_verifier(name: str) -> VerifierFn:
-    """The verifier registered, installed as an entry point, or importable under ``name``."""
-    from mmrl.verifiers.plugins import resolve
-
-    return resolve(name)
-
-
 def check_output(name: str, result: Any, n: int) -> tuple[VerifierOutput, np.ndarray]:
     """Normalise a verifier's return value; also return which samples had a NaN/inf score.
 
@@ -167,7 +160,6 @@ __all__ = [
     "VerifierOutputError",
     "as_output",
     "check_output",
-    "get_verifier",
     "register_verifier",
     "run_options",
     "verifier",

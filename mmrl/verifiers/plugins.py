@@ -22,6 +22,7 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
+from mmrl.verifiers import builtins  # noqa: F401  (registers the built-in verifiers)
 from mmrl.verifiers.base import VERIFIERS, VerifierFn
 
 ENTRY_POINT_GROUP = "mmrl.verifiers"
@@ -49,6 +50,11 @@ def resolve(ref: str) -> VerifierFn:
         f"unknown verifier {ref!r}: not registered ({sorted(VERIFIERS)}), not an entry point in "
         f"group {ENTRY_POINT_GROUP!r} ({sorted(eps)}), and not 'module:function' or 'file.py:function'"
     )
+
+
+def get_verifier(name: str) -> VerifierFn:
+    """The verifier registered, installed as an entry point, or importable under ``name``."""
+    return resolve(name)
 
 
 def default_name(ref: str) -> str:

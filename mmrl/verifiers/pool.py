@@ -223,7 +223,7 @@ class _RayWorker:
     """A Ray actor that runs verifier calls; ``ready`` imports mmrl before any deadline starts."""
 
     def ready(self) -> bool:
-        import mmrl.verifiers  # noqa: F401
+        import mmrl.verifiers.plugins  # noqa: F401
 
         return True
 

@@ -86,7 +86,7 @@ class PretrainConfig:
 
 def load_pretrain_config(overrides: list[str] | None = None) -> PretrainConfig:
     """Compose ``configs/worldmodel/pretrain.yaml`` with overrides and validate it."""
-    from mmrl.trainer.config import compose
+    from mmrl.config import compose
 
     raw = compose(overrides, config_name="worldmodel/pretrain")
     OmegaConf.resolve(raw)

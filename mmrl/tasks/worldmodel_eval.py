@@ -265,8 +265,8 @@ def check_trajectory_length(source: Any, context: int, future: int, where: str) 
 
 def load_latent_policy(model_dir: str | Path):
     """``(policy, autoencoder)`` of a latent policy folder (``latent_policy.json`` + ``autoencoder/``)."""
+    from mmrl.models.latent_policy import AUTOENCODER_DIR, GaussianLatentPolicy
     from mmrl.worldmodel.latent_ae import LatentAutoencoder
-    from mmrl.worldmodel.latent_policy import AUTOENCODER_DIR, GaussianLatentPolicy
 
     ae_dir = Path(model_dir) / AUTOENCODER_DIR
     if not ae_dir.is_dir():
@@ -291,7 +291,7 @@ def predict_latent(policy: Any, ae: Any, windows: Any, greedy: bool, temperature
     """Frames ``uint8 [N, F, H, W, 3]`` predicted for ``windows`` by a latent policy: its means
     (``greedy``) or samples at ``temperature``, through the same processor and rollout engine as RL."""
     from mmrl.processors.latent import LatentWorldModelProcessor
-    from mmrl.rollout import SamplingParams
+    from mmrl.sampling import SamplingParams
     from mmrl.rollout.latent import LatentRollout
 
     processor = LatentWorldModelProcessor(ae, windows.context.shape[1], windows.future.shape[1])
@@ -331,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     model or latent policy folder) on trajectory data."""
     import argparse
 
+    from mmrl.models.latent_policy import is_latent_policy_dir
     from mmrl.processors.worldmodel import load_windows
-    from mmrl.worldmodel.latent_policy import is_latent_policy_dir
 
     p = argparse.ArgumentParser(prog="mmrl eval", description=main.__doc__)
     p.add_argument("--model", required=True, help="world-model checkpoint (token_wm/best, an RL actor/ folder) "

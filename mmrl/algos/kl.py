@@ -11,7 +11,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from mmrl.trainer.advantages import masked_mean
+from mmrl.algos.stats import masked_mean
 
 
 def _k1(log_ratio: Tensor) -> Tensor:

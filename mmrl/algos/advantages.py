@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mmrl.algos.stats import masked_whiten
+
 AdvantageEstimator = Callable[..., tuple[Tensor, Tensor]]
 ADV_ESTIMATORS: dict[str, AdvantageEstimator] = {}
 
@@ -60,54 +62,6 @@ def get_adv_estimator(name: str) -> AdvantageEstimator:
     if name not in ADV_ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADV_ESTIMATORS)}")
     return ADV_ESTIMATORS[name]
-
-
-# --------------------------------------------------------------------------- masked statistics
-
-
-def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """Mean of ``values`` where ``mask`` is 1.
-
-    values: [...] any shape.
-    mask: same shape as ``values``, 0/1 (bool or float).
-    dim: reduce over this dim, or over everything when None.
-    Returns the mean; 0 where nothing is unmasked. Masked entries never leak
-    (not even inf/NaN), because they are selected out before summing.
-    """
-    keep = mask.bool()
-    total = torch.where(keep, values, torch.zeros_like(values))
-    count = keep.to(values.dtype)
-    if dim is None:
-        return total.sum() / count.sum().clamp(min=1)
-    return total.sum(dim) / count.sum(dim).clamp(min=1)
-
-
-def masked_var(values: Tensor, mask: Tensor) -> Tensor:
-    """Unbiased variance (like ``torch.var``) of ``values`` [...] over ``mask`` [...] == 1.
-
-    Returns a scalar; 0 when fewer than two entries are unmasked.
-    """
-    keep = mask.bool()
-    mean = masked_mean(values, keep)
-    dev = torch.where(keep, values - mean, torch.zeros_like(values))
-    n = keep.sum()
-    return (dev**2).sum() / (n - 1).clamp(min=1)
-
-
-def masked_whiten(
-    values: Tensor, mask: Tensor, shift_mean: bool = True, epsilon: float = 1e-8
-) -> Tensor:
-    """Whiten ``values`` [...] with the mean and unbiased variance over ``mask`` [...] == 1.
-
-    Returns a tensor shaped like ``values``: ``(values - mean) / sqrt(var + epsilon)``
-    (the mean is added back when ``shift_mean`` is False) and 0 outside ``mask``.
-    """
-    keep = mask.bool()
-    mean = masked_mean(values, keep)
-    whitened = (values - mean) * torch.rsqrt(masked_var(values, keep) + epsilon)
-    if not shift_mean:
-        whitened = whitened + mean
-    return torch.where(keep, whitened, torch.zeros_like(whitened))
 
 
 # --------------------------------------------------------------------------- group statistics

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from mmrl.worldmodel.evaluate import format_table
+from mmrl.tasks.worldmodel_eval import format_table
 
 CURVES = (  # (title, metric keys tried in order)
     ("reward -(MAE+LPIPS)", ("critic/score/mean",)),

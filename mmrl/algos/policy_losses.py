@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mmrl.trainer.advantages import masked_mean
+from mmrl.algos.stats import masked_mean
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOG_RATIO_CLAMP = 20.0  # |log ratio| bound before exp: e**20 ~ 4.9e8 stays finite in fp32

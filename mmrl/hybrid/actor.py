@@ -6,19 +6,17 @@ wrapped (in-process, FSDP) and where it runs.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
-from collections.abc import Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from mmrl import algos
+from mmrl.config import ActorConfig
 from mmrl.protocol import Batch
-from mmrl.rollout.base import SUPPORT_KEY, restrict_logits
-from mmrl.trainer import core_algos
-from mmrl.trainer.config import ActorConfig
+from mmrl.sampling import SUPPORT_KEY, restrict_logits
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
@@ -33,14 +31,14 @@ def forward_response_log_probs(
     defines ``response_log_probs(batch, temperature, with_entropy)`` with the same
     contract, and is called instead. A VLM batch (``multi_modal_inputs``, mrope
     ``position_ids`` [b, 3, L]) goes through
-    :func:`~mmrl.processors.vision_forward.vlm_response_log_probs`, which collates this
+    :func:`~mmrl.models.vlm.vlm_response_log_probs`, which collates this
     micro-batch's visual inputs.
     """
     own = getattr(model, "response_log_probs", None)
     if own is not None:
         return own(batch, temperature, with_entropy)
     if "multi_modal_inputs" in batch:
-        from mmrl.processors.vision_forward import vlm_response_log_probs
+        from mmrl.models.vlm import vlm_response_log_probs
 
         return vlm_response_log_probs(model, batch, temperature, with_entropy)
     responses = batch["responses"]
@@ -50,31 +48,8 @@ def forward_response_log_probs(
     # Under the same token restrictions the rollout sampled with (allowed ids, min length).
     logits = restrict_logits(logits, batch.meta.get(SUPPORT_KEY))
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-    entropy = core_algos.entropy_from_logits(logits) if with_entropy else None
+    entropy = algos.entropy_from_logits(logits) if with_entropy else None
     return log_probs, entropy
-
-
-def freeze_modules(model: nn.Module, patterns: Sequence[str]) -> list[str]:
-    """Set ``requires_grad=False`` on parameters whose name matches any regex (``re.search``).
-
-    Call before building the optimizer. Returns the frozen names; a pattern that matches
-    nothing is an error naming it and a few parameter names.
-    """
-    names = [name for name, _ in model.named_parameters()]
-    frozen = []
-    for pattern in patterns:
-        regex = re.compile(pattern)
-        hits = [name for name in names if regex.search(name)]
-        if not hits:
-            raise ValueError(
-                f"actor_rollout_ref.actor.freeze_modules: {pattern!r} matches no parameter of "
-                f"{type(model).__name__} (names look like {names[:3]} ... {names[-2:]})"
-            )
-        frozen += hits
-    params = dict(model.named_parameters())
-    for name in frozen:
-        params[name].requires_grad_(False)
-    return sorted(set(frozen))
 
 
 @torch.no_grad()
@@ -101,8 +76,8 @@ def update_policy(
     ``batch`` needs ``old_log_probs``, ``advantages``, ``response_mask``, ``valid_mask``
     and, with ``cfg.use_kl_loss``, ``ref_log_prob``. Returns averaged ``actor/*`` metrics.
     """
-    loss_fn = core_algos.get_policy_loss(cfg.policy_loss)
-    loss_cfg = core_algos.PolicyLossConfig(
+    loss_fn = algos.get_policy_loss(cfg.policy_loss)
+    loss_cfg = algos.PolicyLossConfig(
         clip_ratio_low=cfg.clip_ratio_low,
         clip_ratio_high=cfg.clip_ratio_high,
         clip_ratio_c=cfg.clip_ratio_c,
@@ -166,12 +141,12 @@ def _micro_step(model, micro, cfg, loss_fn, loss_cfg, temperature, weight) -> di
         valid_mask=valid,
         config=loss_cfg,
     )
-    entropy_loss = core_algos.agg_loss(entropy, mask, cfg.loss_agg_mode, valid_mask=valid)
+    entropy_loss = algos.agg_loss(entropy, mask, cfg.loss_agg_mode, valid_mask=valid)
     loss = pg_loss - cfg.entropy_coeff * entropy_loss
     out = {"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy_loss.item()}
     if cfg.use_kl_loss:
-        kl = core_algos.kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type)
-        kl_loss = core_algos.agg_loss(kl, mask, cfg.loss_agg_mode, valid_mask=valid)
+        kl = algos.kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type)
+        kl_loss = algos.agg_loss(kl, mask, cfg.loss_agg_mode, valid_mask=valid)
         loss = loss + cfg.kl_loss_coef * kl_loss
         out.update({"actor/kl_loss": kl_loss.item(), "actor/kl_coef": cfg.kl_loss_coef})
     (loss * weight).backward()

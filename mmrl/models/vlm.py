@@ -11,21 +11,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mmrl.processors.vision_inputs import (
+from mmrl import algos
+from mmrl.models.responses import finish_rollout, generated_responses
+from mmrl.models.vlm_inputs import (
     MODEL_VISUAL_KEYS,
     check_vision_tokens,
     collate_multi_modal,
     mm_token_type_ids,
 )
 from mmrl.protocol import Batch
-from mmrl.rollout.base import (
-    SUPPORT_KEY,
-    SamplingParams,
-    finish_rollout,
-    generated_responses,
-    restrict_logits,
-)
-from mmrl.trainer import core_algos
+from mmrl.sampling import SUPPORT_KEY, SamplingParams, restrict_logits
 
 
 def is_vlm(model: nn.Module) -> bool:
@@ -70,7 +65,7 @@ def check_responses(model: nn.Module, batch: Batch) -> None:
 def visual_model_inputs(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
     """Checked, collated visual inputs of ``batch`` for the model's forward, on its device.
 
-    Raises :class:`~mmrl.processors.vision_inputs.VisionTokenMismatchError` (naming the row
+    Raises :class:`~mmrl.models.vlm_inputs.VisionTokenMismatchError` (naming the row
     of ``batch``) before any model call when tokens and features disagree.
     """
     image_id, video_id, merge = _vision_ids(model)
@@ -114,7 +109,7 @@ def vlm_response_log_probs(
     # And under what else the engine sampled with (padded vocabulary rows, allowed ids, min length).
     logits = restrict_logits(logits, batch.meta.get(SUPPORT_KEY))
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-    entropy = core_algos.entropy_from_logits(logits) if with_entropy else None
+    entropy = algos.entropy_from_logits(logits) if with_entropy else None
     return log_probs, entropy
 
 

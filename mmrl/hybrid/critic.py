@@ -8,10 +8,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from mmrl import algos
+from mmrl.config import CriticConfig
+from mmrl.hybrid.actor import MODEL_INPUTS, micro_batch_weights
 from mmrl.protocol import Batch
-from mmrl.trainer import core_algos
-from mmrl.trainer.actor import MODEL_INPUTS, micro_batch_weights
-from mmrl.trainer.config import CriticConfig
 
 
 def forward_values(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -48,7 +48,7 @@ def update_critic(
             micros = mini.split(cfg.ppo_micro_batch_size)
             for micro, weight in zip(micros, micro_batch_weights(micros, cfg.loss_agg_mode), strict=True):
                 vpreds = forward_values(model, micro)
-                loss, loss_metrics = core_algos.compute_value_loss(
+                loss, loss_metrics = algos.compute_value_loss(
                     vpreds=vpreds,
                     returns=micro["returns"],
                     values=micro["values"],

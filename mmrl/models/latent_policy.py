@@ -5,7 +5,8 @@ One policy step is one predicted latent frame: given K context latents
 the K actions up to the predicted frame, the policy outputs a diagonal Gaussian
 ``N(mean, exp(log_std)^2)`` over the next latent ``[C, h, w]``. Its log-density is
 exact and summed over all ``C*h*w`` dimensions, so GRPO/PPO ratios apply to it as to
-a token. Pretraining is maximum likelihood (:func:`pretrain_latent_policy`).
+a token. Pretraining is maximum likelihood
+(:func:`mmrl.worldmodel.latent_pretrain.pretrain_latent_policy`).
 """
 
 from __future__ import annotations
@@ -16,15 +17,11 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from tqdm.auto import tqdm
 
 from mmrl.protocol import Batch
-from mmrl.worldmodel.data import TrajectoryDataset
-from mmrl.worldmodel.latent_ae import LatentAutoencoder
 
 WEIGHTS_FILE, CONFIG_FILE = "latent_policy.safetensors", "latent_policy.json"
 # The autoencoder that defines the latent space travels with the policy, as a tokenizer does with an LM.
@@ -186,59 +183,5 @@ def is_latent_policy_dir(path: str | Path) -> bool:
 
 def gaussian_log_prob(z: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
     """``sum_d log N(z_d; mean_d, exp(log_std_d)^2)`` over all dims but the first: ``[B]``."""
-    # The same expression as the latent rollout engine's, so rollout and training agree.
     per_dim = -0.5 * ((z - mean) * torch.exp(-log_std)) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
     return per_dim.flatten(1).sum(1)
-
-
-def latent_windows(
-    dataset_dir: str | Path, ae: LatentAutoencoder, context: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """All windows: ``context [M, K, C, h, w]``, ``actions [M, K, A]``, ``target [M, C, h, w]``."""
-    data = TrajectoryDataset(dataset_dir)
-    frames, actions = data.all_frames(), torch.from_numpy(data.all_actions())
-    n, t = frames.shape[:2]
-    z = ae.encode(frames.reshape(-1, *frames.shape[2:])).reshape(n, t, *ae.latent_shape)
-    starts = [(i, s) for i in range(n) for s in range(t - context)]
-    ctx = torch.stack([z[i, s : s + context] for i, s in starts])
-    act = torch.stack([actions[i, s : s + context] for i, s in starts])
-    target = torch.stack([z[i, s + context] for i, s in starts])
-    return ctx, act, target
-
-
-def pretrain_latent_policy(
-    policy: GaussianLatentPolicy,
-    train: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    val: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    steps: int = 500,
-    batch_size: int = 64,
-    lr: float = 1e-3,
-    val_every: int = 50,
-    seed: int = 0,
-    progress: bool = True,
-) -> list[dict[str, float]]:
-    """Maximum likelihood: minimise the negative log-density per latent dimension.
-
-    Returns one record per validation: ``step``, ``train/nll`` and ``val/nll``
-    (nats per dimension) and ``val/mse`` of the mean.
-    """
-    optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
-    rng = np.random.default_rng(seed)
-    dims = float(np.prod(train[2].shape[1:]))
-    history: list[dict[str, float]] = []
-    bar = tqdm(range(1, steps + 1), desc="pretrain latent policy", disable=not progress)
-    for step in bar:
-        idx = torch.from_numpy(rng.integers(0, len(train[0]), batch_size))
-        nll = -policy.log_prob(train[0][idx], train[1][idx], train[2][idx]).mean() / dims
-        optimizer.zero_grad(set_to_none=True)
-        nll.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-        optimizer.step()
-        if step % val_every == 0 or step == steps:
-            with torch.no_grad():
-                mean, _ = policy(val[0], val[1])
-                val_nll = -policy.log_prob(*val).mean().item() / dims
-                history.append({"step": step, "train/nll": nll.item(), "val/nll": val_nll,
-                                "val/mse": torch.mean((mean - val[2]) ** 2).item()})  # fmt: skip
-            bar.set_postfix(nll=f"{nll.item():.3f}", val=f"{val_nll:.3f}")
-    return history

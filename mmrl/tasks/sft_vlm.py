@@ -3,7 +3,7 @@
 Prompts go through the same :class:`~mmrl.processors.vision_prompts.VisionPromptProcessor`
 as RL, targets are appended as right-padded "responses", and the loss is the mean
 negative log-prob of the target tokens from
-:func:`~mmrl.processors.vision_forward.vlm_response_log_probs`: the very forward that
+:func:`~mmrl.models.vlm.vlm_response_log_probs`: the very forward that
 RL trains, so mrope positions and visual inputs are laid out the same way.
 """
 
@@ -17,10 +17,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from mmrl.processors.vision_forward import vlm_response_log_probs
-from mmrl.processors.vision_inputs import extend_position_ids
+from mmrl.models.vlm import vlm_response_log_probs
+from mmrl.models.vlm_inputs import extend_position_ids
 from mmrl.protocol import Batch
-from mmrl.trainer.sft import SFTConfig
+from mmrl.tasks.sft import SFTConfig
 
 
 def append_targets(prompts: Batch, targets: Sequence[str], tokenizer) -> Batch:

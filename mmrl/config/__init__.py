@@ -1,0 +1,39 @@
+"""The typed run config (:mod:`mmrl.config.schema`) and how it is composed and loaded."""
+
+from mmrl.config.load import compose, config_dir, load_config
+from mmrl.config.schema import (
+    ActorConfig,
+    ActorRolloutRefConfig,
+    AlgorithmConfig,
+    CriticConfig,
+    DataConfig,
+    KLControlConfig,
+    ModelConfig,
+    RefConfig,
+    RewardConfig,
+    RolloutConfig,
+    RunConfig,
+    TrainerConfig,
+    ValKwargs,
+    VerifierSpec,
+)
+
+__all__ = [
+    "ActorConfig",
+    "ActorRolloutRefConfig",
+    "AlgorithmConfig",
+    "CriticConfig",
+    "DataConfig",
+    "KLControlConfig",
+    "ModelConfig",
+    "RefConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "TrainerConfig",
+    "ValKwargs",
+    "VerifierSpec",
+    "compose",
+    "config_dir",
+    "load_config",
+]

@@ -1,0 +1,83 @@
+"""The sampling contract between rollout engines, policy families and the actor.
+
+:class:`SamplingParams` says how to sample. Engines record any restriction beyond
+temperature/top-k/top-p in ``batch.meta["sampling_support"]`` (:func:`sampling_support`),
+and log-prob recomputation applies the same restriction (:func:`restrict_logits`), so
+rollout and training log-probs describe the distribution that was sampled from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# Batch meta key under which engines record the token restrictions they sampled under.
+SUPPORT_KEY = "sampling_support"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one response per prompt row.
+
+    ``rollout_log_probs`` are the log-probs of the distribution actually sampled
+    from: logits divided by ``temperature`` and restricted by ``top_k``/``top_p``.
+    Greedy decoding reports the log-probs of the untempered distribution.
+    """
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    do_sample: bool = True
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    seed: int | None = None
+    # Constrained generation (e.g. visual tokens only). None allows the whole vocabulary.
+    allowed_token_ids: tuple[int, ...] | None = None
+    # Responses of a fixed length (a frame is always tokens_per_frame tokens): no stop before this.
+    min_tokens: int = 0
+
+
+
+def sampling_support(
+    sampling: SamplingParams, stop_ids: set[int], suppressed: Iterable[int] = ()
+) -> dict[str, Any] | None:
+    """The tokens ``sampling`` excludes beyond temperature/top-k/top-p, as JSON-able meta.
+
+    Engines store it in ``meta["sampling_support"]``. The actor applies the same
+    restriction (:func:`restrict_logits`) when it recomputes log-probs, so rollout and
+    training log-probs, the PPO ratio and the KL all describe the distribution that
+    was sampled from. ``suppressed`` are ids an engine never samples on its own account
+    (a VLM's vision tokens, padded embedding rows): a short list where the allowed
+    complement would hold the whole vocabulary. ``None`` when every token could be
+    sampled at every step.
+    """
+    suppressed = sorted(set(suppressed))
+    if sampling.allowed_token_ids is None and sampling.min_tokens == 0 and not suppressed:
+        return None
+    allowed = None
+    if sampling.allowed_token_ids is not None:  # stop tokens stay allowed, as in the engines
+        allowed = sorted({*sampling.allowed_token_ids, *stop_ids})
+    return {"allowed_token_ids": allowed, "suppressed_token_ids": suppressed, "stop_token_ids": sorted(stop_ids),
+            "min_tokens": sampling.min_tokens}
+
+
+def restrict_logits(logits: torch.Tensor, support: dict[str, Any] | None) -> torch.Tensor:
+    """Response-step logits [b, T, V] with the tokens ``support`` excludes pushed to the
+    dtype's minimum: outside ``allowed_token_ids`` or in ``suppressed_token_ids`` everywhere,
+    stop tokens before ``min_tokens``. The minimum, not -inf, keeps entropies finite.
+    """
+    if not support:
+        return logits
+    steps, vocab = logits.shape[-2:]
+    keep = torch.ones(steps, vocab, dtype=torch.bool, device=logits.device)
+    if support["allowed_token_ids"] is not None:
+        keep[:] = False
+        keep[:, support["allowed_token_ids"]] = True
+    if support.get("suppressed_token_ids"):
+        keep[:, support["suppressed_token_ids"]] = False
+    if support["min_tokens"]:
+        keep[: support["min_tokens"], support["stop_token_ids"]] = False
+    return logits.masked_fill(~keep, torch.finfo(logits.dtype).min)

@@ -1,0 +1,188 @@
+"""The package's layering (docs/architecture.md): imports only go down, and nothing forms a cycle.
+
+Every import counts, inside functions too, except those under ``if TYPE_CHECKING:``.
+Registries that import on demand name their targets as ``"module:Name"`` strings, and
+``import_module("mmrl....")`` takes a literal; both count as imports here.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import mmrl
+
+ROOT = Path(mmrl.__file__).parent
+# Bottom to top; a module may import from its own layer or a lower one.
+LAYERS = {
+    "protocol": 1,
+    "utils": 1,
+    "config": 1,
+    "sampling": 1,
+    "errors": 1,
+    "algos": 2,
+    "models": 3,
+    "processors": 4,
+    "verifiers": 4,
+    "worldmodel": 4,
+    "data": 4,
+    "rollout": 5,
+    "hybrid": 6,
+    "tasks": 7,
+    "trainer": 8,
+}
+LAZY_TARGET = re.compile(r"^(mmrl(?:\.\w+)+):\w+$")
+MAX_MODULE_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def resolve(name: str) -> str:
+    """The module an imported dotted name refers to (``mmrl.a.b.Name`` -> ``mmrl.a.b``)."""
+    while name not in MODULES and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def _type_checking_block(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
+
+
+def imports_of(module: str) -> set[str]:
+    """The mmrl modules ``module`` imports, at any depth of its code."""
+    tree = ast.parse(MODULES[module].read_text())
+    package = module if MODULES[module].name == "__init__.py" else module.rsplit(".", 1)[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if _type_checking_block(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("mmrl"))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            if base.startswith("mmrl"):
+                # `from mmrl.pkg import submodule` imports that submodule.
+                found.update(
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names
+                )
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            match = LAZY_TARGET.match(node.value)
+            if match:
+                found.add(match.group(1))
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == (
+            "import_module"
+        ):
+            arg = node.args[0] if node.args else None
+            if isinstance(arg, ast.Constant) and str(arg.value).startswith("mmrl"):
+                found.add(arg.value)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return {resolve(name) for name in found} - {module}
+
+
+GRAPH = {module: imports_of(module) for module in MODULES}
+
+
+def layer_of(module: str) -> tuple[str, int]:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "mmrl"
+    return top, LAYERS.get(top, 0)
+
+
+def test_every_folder_has_a_layer():
+    tops = {layer_of(m)[0] for m in MODULES} - {"mmrl"}
+    assert not tops - set(LAYERS), f"folders without a layer in LAYERS: {sorted(tops - set(LAYERS))}"
+
+
+def test_imports_never_go_up_a_layer():
+    upward = []
+    for module, targets in GRAPH.items():
+        top, layer = layer_of(module)
+        for target in sorted(targets):
+            target_top, target_layer = layer_of(target)
+            if target_layer > layer:
+                upward.append(f"{module} (layer {layer}) -> {target} (layer {target_layer})")
+    assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a list of nodes, or None."""
+    state: dict[str, int] = defaultdict(int)  # 0 unseen, 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def walk(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state[nxt] == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if state[nxt] == 0:
+                found = walk(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if state[node] == 0:
+            found = walk(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle_between_modules():
+    cycle = _cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_no_import_cycle_between_folders():
+    folders: dict[str, set[str]] = defaultdict(set)
+    for module, targets in GRAPH.items():
+        for target in targets:
+            if layer_of(target)[0] != layer_of(module)[0]:
+                folders[layer_of(module)[0]].add(layer_of(target)[0])
+    cycle = _cycle(folders)
+    assert cycle is None, "folders that import each other: " + " -> ".join(cycle or [])
+
+
+def test_the_checker_sees_function_level_and_lazy_imports(tmp_path):
+    source = (
+        "def f():\n    from mmrl.trainer import fit\n"
+        "X = 'mmrl.rollout.vllm:VLLMRollout'\n"
+        "if TYPE_CHECKING:\n    from mmrl.tasks import Task\n"
+    )
+    path = ROOT / "utils" / "_probe_for_test.py"
+    try:
+        path.write_text(source)
+        MODULES["mmrl.utils._probe_for_test"] = path
+        assert imports_of("mmrl.utils._probe_for_test") == {"mmrl.trainer.fit", "mmrl.rollout.vllm"}
+    finally:
+        MODULES.pop("mmrl.utils._probe_for_test", None)
+        path.unlink(missing_ok=True)
+
+
+def test_modules_stay_small():
+    big = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not big, f"modules over {MAX_MODULE_LINES} lines: {big}"
