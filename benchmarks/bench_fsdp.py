@@ -40,11 +40,21 @@ TIMINGS = ("step", "gen", "old_log_prob", "ref", "update_actor", "update_weights
 
 
 def build_model(out: Path, hidden: int, layers: int) -> tuple[Path, int]:
-    """A random addition-task Qwen2 with ``hidden``-wide, ``layers``-deep blocks; returns (dir, params)."""
-    task = get_task("text_addition")({"name": "text_addition", "model": {
-        "hidden_size": hidden, "intermediate_size": 4 * hidden, "num_hidden_layers": layers,
-        "num_attention_heads": hidden // 64, "num_key_value_heads": hidden // 64,
-    }})
+    """A random addition-task Qwen2 with ``hidden``-wide, ``layers``-deep blocks; returns (dir,
+    params).
+    """
+    task = get_task("text_addition")(
+        {
+            "name": "text_addition",
+            "model": {
+                "hidden_size": hidden,
+                "intermediate_size": 4 * hidden,
+                "num_hidden_layers": layers,
+                "num_attention_heads": hidden // 64,
+                "num_key_value_heads": hidden // 64,
+            },
+        }
+    )
     tokenizer = task.build_tokenizer()
     torch.manual_seed(0)
     model = task.build_model(tokenizer)
@@ -54,7 +64,8 @@ def build_model(out: Path, hidden: int, layers: int) -> tuple[Path, int]:
 
 
 def run_layout(name: str, overrides: list[str], args: argparse.Namespace) -> dict[str, float]:
-    """Median timings over ``args.steps`` RL steps after one warm-up step, and per-worker peak RSS."""
+    """Median timings over ``args.steps`` RL steps after one warm-up step, and per-worker peak
+    RSS."""
     cfg = load_config(overrides)
     set_seed(cfg.trainer.seed)
     task = get_task("text_addition")(cfg.task)
@@ -66,7 +77,9 @@ def run_layout(name: str, overrides: list[str], args: argparse.Namespace) -> dic
     workers = build_workers(cfg, cfg.actor_rollout_ref.model.path, need_ref=True, need_critic=False)
     with workers, closing(runner):
         for step in range(1, args.steps + 2):
-            metrics = rl_step(cfg, step, loader.next(), workers.actor, None, processor, kl_ctrl, runner)
+            metrics = rl_step(
+                cfg, step, loader.next(), workers.actor, None, processor, kl_ctrl, runner
+            )
             print(f"{name} step {step}: {metrics['timing_s/step']:.2f} s", flush=True)
             history.append(metrics)
         memory = workers.actor.memory_stats()
@@ -84,7 +97,8 @@ def markdown(rows: dict[tuple[str, str], dict[str, float]]) -> str:
     ]
     for (rollout, layout), r in rows.items():
         lines.append(
-            f"| {rollout} | {layout} | {r['step']:.2f} | {r['gen']:.2f} | {r['old_log_prob'] + r['ref']:.2f} "
+            f"| {rollout} | {layout} | {r['step']:.2f} | {r['gen']:.2f} | "
+            f"{r['old_log_prob'] + r['ref']:.2f} "
             f"| {r['update_actor'] - r['update_weights']:.2f} | {r['update_weights']:.3f} "
             f"| {100 * r['update_weights'] / r['step']:.1f} % | {r['peak_rss_gib']:.2f} |"
         )
@@ -93,11 +107,15 @@ def markdown(rows: dict[tuple[str, str], dict[str, float]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3, help="measured RL steps per layout (after 1 warm-up)")
+    parser.add_argument(
+        "--steps", type=int, default=3, help="measured RL steps per layout (after 1 warm-up)"
+    )
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--cores", type=int, default=2, help="CPUs all workers of a layout share")
-    parser.add_argument("--rollout", nargs="+", default=["hf", "vllm"], help="rollout engines to run")
+    parser.add_argument(
+        "--rollout", nargs="+", default=["hf", "vllm"], help="rollout engines to run"
+    )
     parser.add_argument("--layouts", nargs="+", default=["embedded", "ray x1", "ray x2"])
     args = parser.parse_args()
 
@@ -107,24 +125,40 @@ def main() -> None:
         model_dir, params = build_model(Path(tmp) / "model", args.hidden, args.layers)
         for rollout in args.rollout:
             common = [
-                f"actor_rollout_ref.model.path={model_dir}", f"trainer.output_dir={tmp}/run",
-                "trainer.progress_bar=false", f"actor_rollout_ref.rollout.name={rollout}",
-                "data.train_batch_size=8", "actor_rollout_ref.rollout.n=8", "data.max_response_length=32",
-                "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size=16",
+                f"actor_rollout_ref.model.path={model_dir}",
+                f"trainer.output_dir={tmp}/run",
+                "trainer.progress_bar=false",
+                f"actor_rollout_ref.rollout.name={rollout}",
+                "data.train_batch_size=8",
+                "actor_rollout_ref.rollout.n=8",
+                "data.max_response_length=32",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                "actor_rollout_ref.actor.ppo_micro_batch_size=16",
             ]
             layouts = {
                 "embedded": common,
-                "ray x1": [*common, "trainer.ray_address=auto", f"trainer.ray_num_cpus_per_worker={args.cores}"],
-                "ray x2": [*common, "trainer.ray_address=auto", "trainer.n_workers_per_node=2",
-                           f"trainer.ray_num_cpus_per_worker={args.cores // 2}"],
+                "ray x1": [
+                    *common,
+                    "trainer.ray_address=auto",
+                    f"trainer.ray_num_cpus_per_worker={args.cores}",
+                ],
+                "ray x2": [
+                    *common,
+                    "trainer.ray_address=auto",
+                    "trainer.n_workers_per_node=2",
+                    f"trainer.ray_num_cpus_per_worker={args.cores // 2}",
+                ],
             }
             # One local Ray for both Ray layouts: `ray_address=auto` then uses this connection.
-            init_ray(load_config([*common, f"trainer.ray_num_cpus_per_worker={args.cores}"]).trainer)
+            init_ray(
+                load_config([*common, f"trainer.ray_num_cpus_per_worker={args.cores}"]).trainer
+            )
             for layout in args.layouts:
                 rows[rollout, layout] = run_layout(f"{rollout} {layout}", layouts[layout], args)
 
     print(
-        f"\nRandom Qwen2, {params / 1e6:.1f}M parameters ({args.layers} blocks of width {args.hidden}); "
+        f"\nRandom Qwen2, {params / 1e6:.1f}M parameters ({args.layers} blocks of width "
+        f"{args.hidden}); "
         f"median of {args.steps} steps after a warm-up step; {args.cores} cores per layout; "
         f"5-minute load average {load_before:.1f} before, {os.getloadavg()[1]:.1f} after.\n"
     )

@@ -189,7 +189,8 @@ def print_tables(args, rows: list[dict], engine_rows: list[dict]) -> None:
                 + " |"
             )
     print(
-        f"\n| model | engine | start-up (s) | weight sync (s) | sync / rollout at B={args.batch_sizes[-1]} "
+        "\n| model | engine | start-up (s) | weight sync (s) | sync / rollout at "
+        f"B={args.batch_sizes[-1]} "
         "| rollout vs fp32 training log-prob, mean / max abs diff |"
     )
     print("|---|---|---|---|---|---|")
@@ -222,7 +223,8 @@ def main() -> None:
     print(
         f"\nprompt {args.prompt_len} tokens, {args.response_len} sampled tokens, temperature 1; "
         f"{args.threads} torch thread(s); median of {args.repeats}; 1-min load average "
-        f"{load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end; total {time.perf_counter() - start:.0f} s\n"
+        f"{load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end; total "
+        f"{time.perf_counter() - start:.0f} s\n"
     )
     print_tables(args, rows, engine_rows)
 

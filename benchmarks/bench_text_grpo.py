@@ -25,19 +25,35 @@ def main() -> None:
     rows = []
     for seed in args.seeds:
         with tempfile.TemporaryDirectory() as out:
-            cfg = load_config([f"trainer.seed={seed}", f"trainer.output_dir={out}", "trainer.progress_bar=false",
-                               "trainer.loggers=[jsonl]", *args.overrides])
+            cfg = load_config(
+                [
+                    f"trainer.seed={seed}",
+                    f"trainer.output_dir={out}",
+                    "trainer.progress_bar=false",
+                    "trainer.loggers=[jsonl]",
+                    *args.overrides,
+                ]
+            )
             result = fit(cfg)
         val = result.series("val/score/mean")
         rows.append((seed, val[0], val[-1], result.wall_time_s, result.peak_memory_gib))
-        print(f"seed {seed}: held-out {val[0]:.3f} -> {val[-1]:.3f} ({result.wall_time_s:.0f} s)", flush=True)
+        print(
+            f"seed {seed}: held-out {val[0]:.3f} -> {val[-1]:.3f} ({result.wall_time_s:.0f} s)",
+            flush=True,
+        )
     before, after = np.array([r[1] for r in rows]), np.array([r[2] for r in rows])
     print("\n| seed | held-out before RL | after RL | wall time (s) | peak memory (GiB) |")
     print("|---|---|---|---|---|")
     for seed, b, a, t, m in rows:
         print(f"| {seed} | {b:.3f} | {a:.3f} | {t:.0f} | {m:.2f} |")
-    print(f"| mean ± std | {before.mean():.3f} ± {before.std():.3f} | {after.mean():.3f} ± {after.std():.3f} | | |")
-    print(f"\nimprovement: {np.mean(after - before):+.3f} (rose on {int(np.sum(after > before))}/{len(rows)} seeds)")
+    print(
+        f"| mean ± std | {before.mean():.3f} ± {before.std():.3f} | {after.mean():.3f} ± "
+        f"{after.std():.3f} | | |"
+    )
+    print(
+        f"\nimprovement: {np.mean(after - before):+.3f} (rose on "
+        f"{int(np.sum(after > before))}/{len(rows)} seeds)"
+    )
 
 
 if __name__ == "__main__":

@@ -66,19 +66,32 @@ def bench_frames(n_frames: int, repeats: int, device: str) -> list[tuple[str, in
     rows = []
     for size in (64, 128):
         batch = frame_batch(n_frames, size, device)
-        for name, kwargs in (("psnr", {}), ("ssim", {}), ("lpips", {"net": "alex"}), ("lpips", {"net": "vgg"})):
+        for name, kwargs in (
+            ("psnr", {}),
+            ("ssim", {}),
+            ("lpips", {"net": "alex"}),
+            ("lpips", {"net": "vgg"}),
+        ):
             fn = get_verifier(name)
-            seconds = median_s(lambda fn=fn, kwargs=kwargs, batch=batch: fn(batch, **kwargs), repeats)
+            seconds = median_s(
+                lambda fn=fn, kwargs=kwargs, batch=batch: fn(batch, **kwargs), repeats
+            )
             label = f"{name} ({kwargs['net']})" if kwargs else name
             rows.append((label, size, n_frames / seconds))
-            print(f"{label:14s} {size:4d}x{size:<4d} {n_frames / seconds:10.1f} frames/s", flush=True)
+            print(
+                f"{label:14s} {size:4d}x{size:<4d} {n_frames / seconds:10.1f} frames/s", flush=True
+            )
     return rows
 
 
 def text_batch(n: int) -> Batch:
     return Batch.from_dict(
         {"responses": torch.zeros(n, 64, dtype=torch.long), "response_mask": torch.ones(n, 64)},
-        {"uid": [f"1-{i}" for i in range(n)], "response_text": ["<answer>1</answer>"] * n, "ground_truth": ["1"] * n},
+        {
+            "uid": [f"1-{i}" for i in range(n)],
+            "response_text": ["<answer>1</answer>"] * n,
+            "ground_truth": ["1"] * n,
+        },
     )
 
 
@@ -115,7 +128,10 @@ def bench_overhead(repeats: int) -> list[tuple[str, float, float, float, float |
                     runner.verifiers[0].fn = _cpu_recorder(bare, inner_cpu)
                 runner.run(batch)  # warm-up (starts the worker in process mode)
                 inner_cpu.clear()
-                pairs = [(_timed(lambda: bare(batch)), _timed(lambda: runner.run(batch))) for _ in range(repeats)]
+                pairs = [
+                    (_timed(lambda: bare(batch)), _timed(lambda: runner.run(batch)))
+                    for _ in range(repeats)
+                ]
             bare_wall = statistics.median(b[0] for b, _ in pairs)
             runner_wall = statistics.median(r[0] for _, r in pairs)
             # Paired differences: a neighbour's load spike tends to hit both calls of a pair.
@@ -124,17 +140,35 @@ def bench_overhead(repeats: int) -> list[tuple[str, float, float, float, float |
             # runner's work, which other processes on the machine do not inflate.
             cpu_pct = None
             if mode == "batch":
-                outside = statistics.median(r[1] - inner for (_, r), inner in zip(pairs, inner_cpu, strict=True))
+                outside = statistics.median(
+                    r[1] - inner for (_, r), inner in zip(pairs, inner_cpu, strict=True)
+                )
                 cpu_pct = 100 * outside / statistics.median(inner_cpu)
             rows.append((mode, bare_wall * 1e3, runner_wall * 1e3, wall_pct, cpu_pct))
             cpu = f"  CPU {cpu_pct:+.2f}%" if cpu_pct is not None else ""
-            print(f"runner {mode:8s} bare {bare_wall * 1e3:7.2f} ms  runner {runner_wall * 1e3:7.2f} ms  wall {wall_pct:+.2f}%{cpu}", flush=True)
+            print(
+                f"runner {mode:8s} bare {bare_wall * 1e3:7.2f} ms  runner {runner_wall * 1e3:7.2f} "
+                f"ms  wall {wall_pct:+.2f}%{cpu}",
+                flush=True,
+            )
         # The runner's own cost per call, independent of the verifier: a no-op, back to back.
         fn = get_verifier(f"{path}:noop")
         with VerifierRunner([(f"{path}:noop", 1.0)]) as runner:
             fixed_s = median_s(lambda: runner.run(batch), 500) - median_s(lambda: fn(batch), 500)
-        rows.append(("batch: the runner alone (no-op verifier), as a share of 10 ms", 0.0, fixed_s * 1e3, 100 * fixed_s / 0.010, None))
-        print(f"runner fixed cost {fixed_s * 1e3:.3f} ms per call = {100 * fixed_s / 0.010:.2f}% of 10 ms", flush=True)
+        rows.append(
+            (
+                "batch: the runner alone (no-op verifier), as a share of 10 ms",
+                0.0,
+                fixed_s * 1e3,
+                100 * fixed_s / 0.010,
+                None,
+            )
+        )
+        print(
+            f"runner fixed cost {fixed_s * 1e3:.3f} ms per call = {100 * fixed_s / 0.010:.2f}% of "
+            "10 ms",
+            flush=True,
+        )
     return rows
 
 
@@ -153,7 +187,10 @@ def main() -> None:
     for label in dict.fromkeys(r[0] for r in frames):
         per_size = {size: fps for name, size, fps in frames if name == label}
         print(f"| {label} | {per_size[64]:.0f} | {per_size[128]:.0f} |")
-    print("\n| runner mode | bare call | through the runner | overhead (wall) | runner CPU outside the verifier |")
+    print(
+        "\n| runner mode | bare call | through the runner | overhead (wall) | runner CPU outside "
+        "the verifier |"
+    )
     print("|---|---|---|---|---|")
     for mode, b, r, wall_pct, cpu_pct in overhead:
         cpu = f"{cpu_pct:+.2f}%" if cpu_pct is not None else "n/a"

@@ -1,7 +1,8 @@
 """Multi-seed proof that GRPO raises held-out accuracy of a tiny VLM on a procedural visual task.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_vlm_grpo --seeds 0 1 2
-    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_vlm_grpo --task visual_counting trainer.total_steps=40
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_vlm_grpo --task visual_counting
+    trainer.total_steps=40
 
 Each seed runs ``mmrl train task=<task>`` as its config file sets it (a tiny Qwen2-VL built
 from config, the fixed SFT warm-up budget ``task.sft``, then GRPO), plus any trailing Hydra
@@ -32,31 +33,69 @@ def main() -> None:
     rows = []
     for seed in args.seeds:
         with tempfile.TemporaryDirectory() as out:
-            cfg = load_config([f"task={args.task}", f"trainer.seed={seed}", f"trainer.output_dir={out}",
-                               "trainer.progress_bar=false", "trainer.loggers=[jsonl]", *args.overrides])
+            cfg = load_config(
+                [
+                    f"task={args.task}",
+                    f"trainer.seed={seed}",
+                    f"trainer.output_dir={out}",
+                    "trainer.progress_bar=false",
+                    "trainer.loggers=[jsonl]",
+                    *args.overrides,
+                ]
+            )
             verifier = cfg.reward.verifiers[0].name
             result = fit(cfg)
-        acc, greedy = result.series(f"val/{verifier}/mean"), result.series(f"val/greedy/{verifier}/mean")
+        acc, greedy = (
+            result.series(f"val/{verifier}/mean"),
+            result.series(f"val/greedy/{verifier}/mean"),
+        )
         fmt = result.series("val/format/mean") or [float("nan")] * 2
         greedy = greedy or [float("nan")] * 2
         sft_loss = result.history[0].get("sft/final_loss", float("nan"))
-        rows.append((seed, acc[0], acc[-1], greedy[0], greedy[-1], fmt[0], fmt[-1], sft_loss,
-                     result.wall_time_s, result.peak_memory_gib))
-        print(f"seed {seed}: held-out accuracy {acc[0]:.3f} -> {acc[-1]:.3f} (all: {np.round(acc, 3).tolist()}; "
-              f"greedy {np.round(greedy, 3).tolist()}; {result.wall_time_s:.0f} s, "
-              f"load average {os.getloadavg()[0]:.1f})", flush=True)
+        rows.append(
+            (
+                seed,
+                acc[0],
+                acc[-1],
+                greedy[0],
+                greedy[-1],
+                fmt[0],
+                fmt[-1],
+                sft_loss,
+                result.wall_time_s,
+                result.peak_memory_gib,
+            )
+        )
+        print(
+            f"seed {seed}: held-out accuracy {acc[0]:.3f} -> {acc[-1]:.3f} (all: "
+            f"{np.round(acc, 3).tolist()}; "
+            f"greedy {np.round(greedy, 3).tolist()}; {result.wall_time_s:.0f} s, "
+            f"load average {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
     table = np.array([r[1:] for r in rows])
     print(f"\n{args.task}: {verifier} on held-out prompts")
-    print("| seed | accuracy before RL (after SFT) | after RL | greedy before | greedy after | format before | "
-          "format after | SFT final loss | wall time (s) | peak memory (GiB) |")
+    print(
+        "| seed | accuracy before RL (after SFT) | after RL | greedy before | greedy after | "
+        "format before | "
+        "format after | SFT final loss | wall time (s) | peak memory (GiB) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for seed, *values in rows:
-        print(f"| {seed} | " + " | ".join(f"{v:.3f}" for v in values[:7]) + f" | {values[7]:.0f} | {values[8]:.2f} |")
+        print(
+            f"| {seed} | "
+            + " | ".join(f"{v:.3f}" for v in values[:7])
+            + f" | {values[7]:.0f} | {values[8]:.2f} |"
+        )
     mean, std = table.mean(0), table.std(0)
-    print("| mean ± std | " + " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in zip(mean[:6], std[:6], strict=True))
-          + " | | | |")
+    print(
+        "| mean ± std | "
+        + " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in zip(mean[:6], std[:6], strict=True))
+        + " | | | |"
+    )
     rise = table[:, 1] - table[:, 0]
     print(f"\nimprovement: {rise.mean():+.3f} (rose on {int(np.sum(rise > 0))}/{len(rows)} seeds)")
+
 
 if __name__ == "__main__":
     main()

@@ -86,20 +86,29 @@ def run_one(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(1)  # one core: CPU seconds = seconds on an idle core
 
+    from mmrl.config import DataConfig
     from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
-    from mmrl.processors import VisionProcessor, VisionProcessorConfig, VisionSample, chat_prompt
+    from mmrl.processors import VisionProcessor, VisionSample, chat_prompt
 
     cache_size, keyed = SETTINGS[args.setting][1:]
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_qwen2_vl(tmp, max_pixels=args.image_size**2, min_pixels=56 * 56)
-        cfg = VisionProcessorConfig(max_prompt_length=args.max_prompt_length, cache_size=cache_size,
-                                    keep_raw_media=args.keep_raw_media)
+        cfg = DataConfig(
+            max_prompt_length=args.max_prompt_length,
+            cache_size=cache_size,
+            keep_raw_media=args.keep_raw_media,
+        )
         proc = VisionProcessor.from_pretrained(path, cfg)
     rng = np.random.default_rng(0)
-    prompt = chat_prompt(proc.processor, "<image>How many red shapes are there? Answer in <answer></answer>.")
+    prompt = chat_prompt(
+        proc.processor, "<image>How many red shapes are there? Answer in <answer></answer>."
+    )
     images = [jpeg(rng, args.image_size) for _ in range(args.prompts)]
-    samples = [VisionSample(prompt, [img], key=f"train/{i}" if keyed else None)
-               for i, img in enumerate(images) for _ in range(args.n)]
+    samples = [
+        VisionSample(prompt, [img], key=f"train/{i}" if keyed else None)
+        for i, img in enumerate(images)
+        for _ in range(args.n)
+    ]
     proc.encode(samples[:1])  # warm-up (first call imports and allocates)
     proc.clear_cache()
     gc.collect()
@@ -115,9 +124,13 @@ def run_one(args: argparse.Namespace) -> dict:
     pass1, pass2 = float(np.median(pass1)), float(np.median(pass2))
     n = len(samples)
     return {
-        "setting": SETTINGS[args.setting][0], "keep_raw_media": args.keep_raw_media, "samples": n,
-        "pass1_samples_per_cpu_s": n / pass1, "pass2_samples_per_cpu_s": n / pass2,
-        "retained_kib_per_sample": retained_bytes(batch) / n / 1024, "rss_kib_per_sample": rss / n / 1024,
+        "setting": SETTINGS[args.setting][0],
+        "keep_raw_media": args.keep_raw_media,
+        "samples": n,
+        "pass1_samples_per_cpu_s": n / pass1,
+        "pass2_samples_per_cpu_s": n / pass2,
+        "retained_kib_per_sample": retained_bytes(batch) / n / 1024,
+        "rss_kib_per_sample": rss / n / 1024,
         "jpeg_kib": float(np.mean([len(x) for x in images])) / 1024,
         "pixel_values_kib": batch["multi_modal_inputs"][0]["pixel_values"].numel() * 4 / 1024,
     }
@@ -129,7 +142,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8, help="rollouts per prompt")
     parser.add_argument("--image-size", type=int, default=448)
     parser.add_argument("--max-prompt-length", type=int, default=384)
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes; the median is reported")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed passes; the median is reported"
+    )
     parser.add_argument("--setting", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--keep-raw-media", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -139,21 +154,47 @@ def main() -> None:
     rows = []
     for setting in range(len(SETTINGS)):
         for keep in (False, True):
-            cmd = [sys.executable, __file__, "--setting", str(setting), "--prompts", str(args.prompts),
-                   "--n", str(args.n), "--image-size", str(args.image_size),
-                   "--max-prompt-length", str(args.max_prompt_length), "--repeats", str(args.repeats), *(["--keep-raw-media"] if keep else [])]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--setting",
+                str(setting),
+                "--prompts",
+                str(args.prompts),
+                "--n",
+                str(args.n),
+                "--image-size",
+                str(args.image_size),
+                "--max-prompt-length",
+                str(args.max_prompt_length),
+                "--repeats",
+                str(args.repeats),
+                *(["--keep-raw-media"] if keep else []),
+            ]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
-            print(f"done: {rows[-1]['setting']}, keep_raw_media={keep}", file=sys.stderr, flush=True)
+            print(
+                f"done: {rows[-1]['setting']}, keep_raw_media={keep}", file=sys.stderr, flush=True
+            )
     r0 = rows[0]
-    print(f"\n{args.prompts} prompts x {args.n} rollouts = {r0['samples']} samples; one {args.image_size}x"
-          f"{args.image_size} JPEG per prompt ({r0['jpeg_kib']:.0f} KiB), pixel_values "
-          f"{r0['pixel_values_kib']:.0f} KiB per image\n")
-    print("| setting | keep_raw_media | samples/s, pass 1 | samples/s, pass 2 | retained KiB/sample | RSS growth KiB/sample |")
+    print(
+        f"\n{args.prompts} prompts x {args.n} rollouts = {r0['samples']} samples; one "
+        f"{args.image_size}x"
+        f"{args.image_size} JPEG per prompt ({r0['jpeg_kib']:.0f} KiB), pixel_values "
+        f"{r0['pixel_values_kib']:.0f} KiB per image\n"
+    )
+    print(
+        "| setting | keep_raw_media | samples/s, pass 1 | samples/s, pass 2 | retained KiB/sample "
+        "| RSS growth KiB/sample |"
+    )
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['setting']} | {str(r['keep_raw_media']).lower()} | {r['pass1_samples_per_cpu_s']:.0f} | "
-              f"{r['pass2_samples_per_cpu_s']:.0f} | {r['retained_kib_per_sample']:.0f} | {r['rss_kib_per_sample']:.0f} |")
+        print(
+            f"| {r['setting']} | {str(r['keep_raw_media']).lower()} | "
+            f"{r['pass1_samples_per_cpu_s']:.0f} | "
+            f"{r['pass2_samples_per_cpu_s']:.0f} | {r['retained_kib_per_sample']:.0f} | "
+            f"{r['rss_kib_per_sample']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Token world-model GRPO over several seeds: held-out base vs RL, greedy and sampled.
 
-    OMP_NUM_THREADS=1 python -m benchmarks.bench_worldmodel --seeds 0 1 2 --out outputs/bench_wm [overrides...]
+    OMP_NUM_THREADS=1 python -m benchmarks.bench_worldmodel --seeds 0 1 2 --out outputs/bench_wm
+    [overrides...]
 
 Each seed is one `mmrl train task=worldmodel_tokens trainer.seed=<s>` run. The
 pretrained start is the task's cached MLE pretraining (one run, shared by the seeds
@@ -21,7 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-METRICS = (("psnr", "PSNR dB ↑", 2), ("ssim", "SSIM ↑", 4), ("lpips", "LPIPS ↓", 4), ("state_match", "state match ↑", 3))
+METRICS = (
+    ("psnr", "PSNR dB ↑", 2),
+    ("ssim", "SSIM ↑", 4),
+    ("lpips", "LPIPS ↓", 4),
+    ("state_match", "state match ↑", 3),
+)
 
 
 def run_seed(seed: int, out: Path, overrides: list[str], pretrain_per_seed: bool) -> dict:
@@ -29,11 +35,22 @@ def run_seed(seed: int, out: Path, overrides: list[str], pretrain_per_seed: bool
     from mmrl.trainer.fit import fit
 
     extra = [f"task.pretrain.seed={seed}"] if pretrain_per_seed else []
-    cfg = load_config(["task=worldmodel_tokens", f"trainer.seed={seed}", f"trainer.output_dir={out / f'seed{seed}'}",
-                       "trainer.progress_bar=false", *extra, *overrides])
+    cfg = load_config(
+        [
+            "task=worldmodel_tokens",
+            f"trainer.seed={seed}",
+            f"trainer.output_dir={out / f'seed{seed}'}",
+            "trainer.progress_bar=false",
+            *extra,
+            *overrides,
+        ]
+    )
     result = fit(cfg)
-    return {"table": result.summary["worldmodel_eval"], "wall_time_s": result.wall_time_s,
-            "peak_memory_gib": result.peak_memory_gib}
+    return {
+        "table": result.summary["worldmodel_eval"],
+        "wall_time_s": result.wall_time_s,
+        "peak_memory_gib": result.peak_memory_gib,
+    }
 
 
 def markdown(runs: dict[int, dict]) -> str:
@@ -44,31 +61,50 @@ def markdown(runs: dict[int, dict]) -> str:
     lines = [head, "|---|---|" + "---|" * len(METRICS)]
     for decoding in ("greedy", "sampled"):
         for model in ("base", "rl"):
-            vals = [cell([r["table"][model][decoding][k] for r in runs.values()], d) for k, _, d in METRICS]
+            vals = [
+                cell([r["table"][model][decoding][k] for r in runs.values()], d)
+                for k, _, d in METRICS
+            ]
             label = "pretrained (MLE)" if model == "base" else "+ GRPO"
             lines.append(f"| {label} | {decoding} | " + " | ".join(vals) + " |")
-        deltas = [cell([r["table"]["rl"][decoding][k] - r["table"]["base"][decoding][k] for r in runs.values()], d)
-                  for k, _, d in METRICS]
+        deltas = [
+            cell(
+                [
+                    r["table"]["rl"][decoding][k] - r["table"]["base"][decoding][k]
+                    for r in runs.values()
+                ],
+                d,
+            )
+            for k, _, d in METRICS
+        ]
         lines.append(f"| Δ (RL − base) | {decoding} | " + " | ".join(deltas) + " |")
     return "\n".join(lines)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", type=Path, default=Path("outputs/bench_wm"))
-    p.add_argument("--pretrain-per-seed", action="store_true", help="also pretrain one base per seed")
+    p.add_argument(
+        "--pretrain-per-seed", action="store_true", help="also pretrain one base per seed"
+    )
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = p.parse_args()
     start = time.perf_counter()
     runs = {s: run_seed(s, args.out, args.overrides, args.pretrain_per_seed) for s in args.seeds}
     table = markdown(runs)
     load = os.getloadavg()[1]
-    note = (f"{len(runs)} seeds {args.seeds}; total {time.perf_counter() - start:.0f} s, "
-            f"5-min load average at the end {load:.2f}; overrides: {args.overrides or 'none'}")
+    note = (
+        f"{len(runs)} seeds {args.seeds}; total {time.perf_counter() - start:.0f} s, "
+        f"5-min load average at the end {load:.2f}; overrides: {args.overrides or 'none'}"
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_worldmodel.md").write_text(table + "\n\n" + note + "\n")
-    (args.out / "bench_worldmodel.json").write_text(json.dumps({"runs": runs, "note": note}, indent=1))
+    (args.out / "bench_worldmodel.json").write_text(
+        json.dumps({"runs": runs, "note": note}, indent=1)
+    )
     print(table)
     print(note)
 

@@ -7,7 +7,8 @@ The base (data, autoencoder, MLE-pretrained policy) is made once under
 task=worldmodel_latent`` with ``trainer.seed=<seed>``. Base and tuned policies are
 evaluated on the same held-out windows with the same decoding, both sampled and
 greedy (the mean latent), next to the trivial world models: copying the last context
-frame's pixels, and copying its latent (decoded by the same autoencoder). With ``--planner-episodes N`` the planner (random shooting on the push
+frame's pixels, and copying its latent (decoded by the same autoencoder). With ``--planner-episodes
+N`` the planner (random shooting on the push
 world's ``reach`` task) also runs with each model, with the true simulator and at random.
 """
 
@@ -37,7 +38,9 @@ def copy_last_frame(cfg) -> dict[str, float]:
     windows = WorldModelLatentTask(cfg.task).build_data(0).val
     f = windows.future.shape[1]
     pred = np.repeat(windows.context[:, -1:], f, axis=1)
-    batch = Batch.from_dict({"pred_frames": torch.from_numpy(pred), "gt_frames": torch.from_numpy(windows.future)})
+    batch = Batch.from_dict(
+        {"pred_frames": torch.from_numpy(pred), "gt_frames": torch.from_numpy(windows.future)}
+    )
     with closing(VerifierRunner.from_config(cfg.reward)) as runner:
         out = runner.run(batch)
     metrics = {k.removeprefix("reward/"): float(np.mean(v)) for k, v in out.metrics.items()}
@@ -70,7 +73,11 @@ def planner_rows(cfg, models: dict[str, str], episodes: int) -> dict[str, dict[s
 
 
 def fmt(values: list[float]) -> str:
-    return f"{np.mean(values):.4f}" if len(values) == 1 else f"{np.mean(values):.4f} ± {np.std(values):.4f}"
+    return (
+        f"{np.mean(values):.4f}"
+        if len(values) == 1
+        else f"{np.mean(values):.4f} ± {np.std(values):.4f}"
+    )
 
 
 def main() -> None:
@@ -80,30 +87,52 @@ def main() -> None:
     parser.add_argument("--planner-episodes", type=int, default=0)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    base_overrides = ["task=worldmodel_latent", "trainer.progress_bar=false", "trainer.loggers=[jsonl]", *args.overrides]
+    base_overrides = [
+        "task=worldmodel_latent",
+        "trainer.progress_bar=false",
+        "trainer.loggers=[jsonl]",
+        *args.overrides,
+    ]
     eval_cfg = load_config([*base_overrides, f"task.val_windows={args.eval_windows}"])
     rows: dict[tuple[str, str], list[dict[str, float]]] = {}
     tuned: dict[int, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             out = Path(tmp) / f"seed{seed}"
-            cfg = load_config([*base_overrides, f"trainer.seed={seed}", f"trainer.output_dir={out}"])
+            cfg = load_config(
+                [*base_overrides, f"trainer.seed={seed}", f"trainer.output_dir={out}"]
+            )
             result = fit(cfg)
             val = result.series("val/score/mean")
             kl = result.series("actor/kl_loss")
-            print(f"seed {seed}: validation score {val[0]:.4f} -> {val[-1]:.4f}, final KL loss {kl[-1]:.2f}, "
-                  f"{result.wall_time_s:.0f} s, {result.peak_memory_gib:.2f} GiB", flush=True)
+            print(
+                f"seed {seed}: validation score {val[0]:.4f} -> {val[-1]:.4f}, final KL loss "
+                f"{kl[-1]:.2f}, "
+                f"{result.wall_time_s:.0f} s, {result.peak_memory_gib:.2f} GiB",
+                flush=True,
+            )
             base = Path(cfg.task["work_dir"]) / "policy_init"
             tuned[seed] = str(out / "actor")
             for greedy in (False, True):
                 decoding = "greedy" if greedy else "sampled"
                 if seed == args.seeds[0]:
-                    rows.setdefault(("MLE base", decoding), []).append(evaluate_latent_policy(eval_cfg, base, greedy))
-                rows.setdefault(("GRPO", decoding), []).append(evaluate_latent_policy(eval_cfg, out / "actor", greedy))
+                    rows.setdefault(("MLE base", decoding), []).append(
+                        evaluate_latent_policy(eval_cfg, base, greedy)
+                    )
+                rows.setdefault(("GRPO", decoding), []).append(
+                    evaluate_latent_policy(eval_cfg, out / "actor", greedy)
+                )
         rows[("copy last frame (pixels)", "-")] = [copy_last_frame(eval_cfg)]
-        rows[("copy last latent (through the AE)", "greedy")] = [copy_last_latent(eval_cfg, base, Path(tmp))]
-        print(f"\nheld-out windows: {args.eval_windows}; GRPO rows: mean ± std over seeds {args.seeds}\n")
-        print("| model | decoding | score -(MAE+LPIPS) | MAE | LPIPS | PSNR dB | SSIM | state match |")
+        rows[("copy last latent (through the AE)", "greedy")] = [
+            copy_last_latent(eval_cfg, base, Path(tmp))
+        ]
+        print(
+            f"\nheld-out windows: {args.eval_windows}; GRPO rows: mean ± std over seeds "
+            f"{args.seeds}\n"
+        )
+        print(
+            "| model | decoding | score -(MAE+LPIPS) | MAE | LPIPS | PSNR dB | SSIM | state match |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for (model, decoding), runs in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             cells = " | ".join(fmt([r[k] for r in runs]) for k in KEYS)
@@ -111,11 +140,17 @@ def main() -> None:
         if args.planner_episodes:
             models = {"MLE base": str(base), "GRPO": tuned[args.seeds[0]]}
             results = planner_rows(eval_cfg, models, args.planner_episodes)
-            print(f"\nplanner on push/reach, {args.planner_episodes} episodes (GRPO: seed {args.seeds[0]})\n")
+            print(
+                f"\nplanner on push/reach, {args.planner_episodes} episodes (GRPO: seed "
+                f"{args.seeds[0]})\n"
+            )
             print("| world model | success rate | mean steps | mean final distance (px) |")
             print("|---|---|---|---|")
             for name, r in results.items():
-                print(f"| {name} | {r['success_rate']:.2f} | {r['mean_steps']:.1f} | {r['mean_final_cost']:.1f} |")
+                print(
+                    f"| {name} | {r['success_rate']:.2f} | {r['mean_steps']:.1f} | "
+                    f"{r['mean_final_cost']:.1f} |"
+                )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ safetensors plus JSON; nothing is pickled.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,13 +24,20 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from mmrl.utils.batch_fields import (
+    Index,
+    as_object_array,
+    check_keys,
+    field_length,
+    normalize_index,
+    values_equal,
+)
 from mmrl.utils.batch_io import read_batch, write_batch
-
-Index = int | slice | torch.Tensor | np.ndarray | Sequence[int] | Sequence[bool]
 
 
 class Batch:
-    """``B`` samples as ``tensors`` (TensorDict, batch_size [B]), ``non_tensor`` (object arrays [B]) and ``meta``.
+    """``B`` samples as ``tensors`` (TensorDict, batch_size [B]), ``non_tensor`` (object arrays [B])
+    and ``meta``.
 
     ``batch["key"]`` returns a tensor or a non-tensor array. ``batch[i]`` with an int, slice,
     index array/tensor or bool mask [B] returns a new Batch of those rows (an int gives a
@@ -65,7 +71,8 @@ class Batch:
         non_tensor: Mapping[str, np.ndarray | Sequence[Any]] | None = None,
         meta: dict[str, Any] | None = None,
     ) -> Batch:
-        """Build a Batch whose length B is taken from the first field; every field must have B rows."""
+        """Build a Batch whose length B is taken from the first field; every field must have B
+        rows."""
         tensors, non_tensor = dict(tensors or {}), dict(non_tensor or {})
         bad = [k for k, v in tensors.items() if not isinstance(v, torch.Tensor)]
         if bad:
@@ -74,7 +81,7 @@ class Batch:
             )
         fields = [(k, v, True) for k, v in tensors.items()]
         fields += [(k, v, False) for k, v in non_tensor.items()]
-        n = _length(f"field {fields[0][0]!r}", fields[0][1]) if fields else 0
+        n = field_length(f"field {fields[0][0]!r}", fields[0][1]) if fields else 0
         batch = cls(TensorDict({}, batch_size=[n]), meta=meta)
         for key, value, is_tensor in fields:
             batch._set(key, value, is_tensor)
@@ -105,10 +112,12 @@ class Batch:
             raise KeyError(
                 f"no field {index!r}; tensors {self.keys()}, non_tensor {list(self.non_tensor)}"
             )
-        return self._take(_normalize_index(index, len(self)))
+        return self._take(normalize_index(index, len(self)))
 
     def __setitem__(self, key: str, value: torch.Tensor | np.ndarray | Sequence[Any]) -> None:
-        """Set a tensor field (Tensor) or a non-tensor field (array or list); either must have B rows."""
+        """Set a tensor field (Tensor) or a non-tensor field (array or list); either must have B
+        rows.
+        """
         self._set(key, value, is_tensor=isinstance(value, torch.Tensor))
 
     def _set(self, key: str, value: Any, is_tensor: bool) -> None:
@@ -117,7 +126,7 @@ class Batch:
             raise ValueError(
                 f"cannot set {kind} {key!r}: it already names a {other} field; pop it first"
             )
-        n = _length(f"{kind} {key!r}", value)
+        n = field_length(f"{kind} {key!r}", value)
         if n != len(self):
             raise ValueError(
                 f"{kind} {key!r} has length {n}, expected {len(self)} (the batch size)"
@@ -125,11 +134,11 @@ class Batch:
         if is_tensor:
             self.tensors[key] = value
         else:
-            self.non_tensor[key] = _as_object_array(key, value)
+            self.non_tensor[key] = as_object_array(key, value)
 
     def row(self, i: int) -> dict[str, Any]:
         """Sample ``i`` as ``{key: value}`` over tensor and non-tensor fields (meta excluded)."""
-        i = _normalize_index(int(i), len(self)).start
+        i = normalize_index(int(i), len(self)).start
         out: dict[str, Any] = {k: self.tensors[k][i] for k in self.keys()}
         out.update({k: v[i] for k, v in self.non_tensor.items()})
         return out
@@ -156,7 +165,9 @@ class Batch:
 
     @classmethod
     def concat(cls, batches: Sequence[Batch]) -> Batch:
-        """Stack the rows of ``batches`` in order. All must have the same keys; meta comes from ``batches[0]``."""
+        """Stack the rows of ``batches`` in order. All must have the same keys; meta comes from
+        ``batches[0]``.
+        """
         if not batches:
             raise ValueError("concat needs at least one Batch, found an empty list")
         first = batches[0]
@@ -167,7 +178,8 @@ class Batch:
             ):
                 if set(ref) != set(got):
                     raise ValueError(
-                        f"concat: batch {i} and batch 0 differ in {kind} keys {sorted(set(ref) ^ set(got))}"
+                        f"concat: batch {i} and batch 0 differ in {kind} keys "
+                        f"{sorted(set(ref) ^ set(got))}"
                     )
         tensors = {}
         for key in first.tensors.keys(include_nested=False):
@@ -233,11 +245,13 @@ class Batch:
         return self._take(np.repeat(rows, n) if interleave else np.tile(rows, n))
 
     def reorder(self, indices: torch.Tensor | np.ndarray | Sequence[int]) -> Batch:
-        """Permute rows in place so that new row ``i`` is old row ``indices[i]``; returns ``self``."""
-        index = _normalize_index(indices, len(self))
+        """Permute rows in place so that new row ``i`` is old row ``indices[i]``; returns
+        ``self``."""
+        index = normalize_index(indices, len(self))
         if isinstance(index, slice) or not np.array_equal(np.sort(index), np.arange(len(self))):
             raise ValueError(
-                f"reorder needs a permutation of range({len(self)}); the indices repeat or skip rows"
+                f"reorder needs a permutation of range({len(self)}); the indices repeat or skip "
+                "rows"
             )
         taken = self._take(index)
         self.tensors, self.non_tensor = taken.tensors, taken.non_tensor
@@ -260,7 +274,7 @@ class Batch:
             ("meta", self.meta, other.meta),
         ):
             for key in set(mine.keys()) & set(theirs.keys()):
-                if not _values_equal(mine[key], theirs[key]):
+                if not values_equal(mine[key], theirs[key]):
                     raise ValueError(
                         f"union: {kind} key {key!r} is in both Batches with different values"
                     )
@@ -275,14 +289,16 @@ class Batch:
         non_tensor_keys: Sequence[str] | None = None,
         meta_keys: Sequence[str] | None = None,
     ) -> Batch:
-        """A new Batch with only these keys (None keeps every key of that kind). Values are shared, not copied."""
+        """A new Batch with only these keys (None keeps every key of that kind). Values are shared,
+        not copied.
+        """
         return Batch(
-            self.tensors.select(*_check_keys("tensor", tensor_keys, self.keys())),
+            self.tensors.select(*check_keys("tensor", tensor_keys, self.keys())),
             {
                 k: self.non_tensor[k]
-                for k in _check_keys("non_tensor", non_tensor_keys, self.non_tensor)
+                for k in check_keys("non_tensor", non_tensor_keys, self.non_tensor)
             },
-            {k: self.meta[k] for k in _check_keys("meta", meta_keys, self.meta)},
+            {k: self.meta[k] for k in check_keys("meta", meta_keys, self.meta)},
         )
 
     def pop(
@@ -325,87 +341,3 @@ class Batch:
         """Read a Batch written by ``save``; tensor fields are placed on ``device``."""
         tensors, non_tensor, meta, size = read_batch(path, device)
         return cls(TensorDict(tensors, batch_size=[size]), non_tensor, meta)
-
-
-# ----- helpers ----------------------------------------------------------------------
-
-
-def _length(name: str, value: Any) -> int:
-    if isinstance(value, torch.Tensor | np.ndarray) and value.ndim == 0:
-        raise ValueError(f"{name} is a 0-d {type(value).__name__}; expected a leading batch dim")
-    if isinstance(value, str | bytes | Mapping) or not hasattr(value, "__len__"):
-        raise TypeError(
-            f"{name} must be a Tensor, np.ndarray or list with one entry per sample, found {type(value).__name__}"
-        )
-    return len(value)
-
-
-def _as_object_array(key: str, values: np.ndarray | Sequence[Any]) -> np.ndarray:
-    """A 1-D object array [B]; element-wise assignment keeps list-of-lists from becoming 2-D."""
-    if isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1:
-        return values
-    out = np.empty(_length(f"non_tensor {key!r}", values), dtype=object)
-    for i, v in enumerate(values):
-        out[i] = v
-    return out
-
-
-def _normalize_index(index: Index, n: int) -> slice | np.ndarray:
-    """Rows as a slice (keeps torch views) or an int64 array of non-negative row ids."""
-    if isinstance(index, int | np.integer) and not isinstance(index, bool | np.bool_):
-        if not -n <= index < n:
-            raise IndexError(f"row {index} is out of range for a Batch of {n} rows")
-        return slice(index % n, index % n + 1)
-    if isinstance(index, slice) and (index.step or 1) > 0:
-        return index
-    if isinstance(index, slice):  # torch tensors cannot take negative-step slices
-        return np.arange(n)[index].copy()
-    rows = np.asarray(index.detach().cpu() if isinstance(index, torch.Tensor) else index)
-    if rows.dtype == bool:
-        if rows.shape != (n,):
-            raise IndexError(f"boolean mask has shape {rows.shape}, expected ({n},)")
-        return np.flatnonzero(rows)
-    if rows.ndim != 1 or (rows.size and rows.dtype.kind not in "iu"):
-        raise IndexError(
-            f"row index must be 1-D integers or a bool mask, found {rows.dtype} {rows.shape}"
-        )
-    rows = rows.astype(np.int64)
-    if rows.size and (rows.min() < -n or rows.max() >= n):
-        raise IndexError(
-            f"row index out of range for a Batch of {n} rows: min {rows.min()}, max {rows.max()}"
-        )
-    return np.where(rows < 0, rows + n, rows)
-
-
-def _check_keys(kind: str, keys: Sequence[str] | None, available: Any) -> list[str]:
-    """``keys`` (all of ``available`` when None) after checking that each exists."""
-    if keys is None:
-        return list(available)
-    missing = [k for k in keys if k not in available]
-    if missing:
-        raise KeyError(f"unknown {kind} keys {missing}; available: {list(available)}")
-    return list(keys)
-
-
-def _values_equal(a: Any, b: Any) -> bool:
-    """Structural equality for tensors, arrays and nested non-tensor values; NaN equals NaN."""
-    if a is b:
-        return True
-    if isinstance(a, torch.Tensor | np.ndarray) or isinstance(b, torch.Tensor | np.ndarray):
-        if type(a) is not type(b) or a.dtype != b.dtype or a.shape != b.shape:
-            return False
-        if isinstance(a, torch.Tensor):
-            b = b.to(a.device)
-            if a.is_floating_point():
-                return torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
-            return torch.equal(a, b)
-        if a.dtype == object:
-            return all(map(_values_equal, a.ravel(), b.ravel()))
-        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return type(a) is type(b) and len(a) == len(b) and all(map(_values_equal, a, b))
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return bool(a == b)

@@ -40,7 +40,6 @@ class SamplingParams:
     min_tokens: int = 0
 
 
-
 def sampling_support(
     sampling: SamplingParams, stop_ids: set[int], suppressed: Iterable[int] = ()
 ) -> dict[str, Any] | None:
@@ -60,8 +59,12 @@ def sampling_support(
     allowed = None
     if sampling.allowed_token_ids is not None:  # stop tokens stay allowed, as in the engines
         allowed = sorted({*sampling.allowed_token_ids, *stop_ids})
-    return {"allowed_token_ids": allowed, "suppressed_token_ids": suppressed, "stop_token_ids": sorted(stop_ids),
-            "min_tokens": sampling.min_tokens}
+    return {
+        "allowed_token_ids": allowed,
+        "suppressed_token_ids": suppressed,
+        "stop_token_ids": sorted(stop_ids),
+        "min_tokens": sampling.min_tokens,
+    }
 
 
 def restrict_logits(logits: torch.Tensor, support: dict[str, Any] | None) -> torch.Tensor:

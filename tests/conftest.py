@@ -73,7 +73,10 @@ def save_tiny_qwen2(path: Path, tied: bool, seed: int = 0) -> Path:
 @pytest.fixture(scope="session")
 def tiny_lm_dirs(tmp_path_factory) -> dict[str, Path]:
     """``{"untied": dir, "tied": dir}``: tiny Qwen2 models with and without tied embeddings."""
-    return {kind: save_tiny_qwen2(tmp_path_factory.mktemp(kind), tied=kind == "tied") for kind in ("untied", "tied")}
+    return {
+        kind: save_tiny_qwen2(tmp_path_factory.mktemp(kind), tied=kind == "tied")
+        for kind in ("untied", "tied")
+    }
 
 
 @pytest.fixture(scope="session")
@@ -92,6 +95,8 @@ def vllm_rollouts(tiny_lm_dirs):
     for kind, path in tiny_lm_dirs.items():
         actor = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        engine = VLLMRollout(model=actor, tokenizer=tokenizer, model_path=str(path), cfg=cfg, max_model_len=64)
+        engine = VLLMRollout(
+            model=actor, tokenizer=tokenizer, model_path=str(path), cfg=cfg, max_model_len=64
+        )
         out[kind] = (actor, tokenizer, engine)
     return out

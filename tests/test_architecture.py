@@ -81,15 +81,16 @@ def imports_of(module: str) -> set[str]:
             if base.startswith("mmrl"):
                 # `from mmrl.pkg import submodule` imports that submodule.
                 found.update(
-                    f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
+                    for a in node.names
                 )
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             match = LAZY_TARGET.match(node.value)
             if match:
                 found.add(match.group(1))
-        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == (
-            "import_module"
-        ):
+        elif isinstance(node, ast.Call) and getattr(
+            node.func, "id", getattr(node.func, "attr", "")
+        ) == ("import_module"):
             arg = node.args[0] if node.args else None
             if isinstance(arg, ast.Constant) and str(arg.value).startswith("mmrl"):
                 found.add(arg.value)
@@ -111,7 +112,9 @@ def layer_of(module: str) -> tuple[str, int]:
 
 def test_every_folder_has_a_layer():
     tops = {layer_of(m)[0] for m in MODULES} - {"mmrl"}
-    assert not tops - set(LAYERS), f"folders without a layer in LAYERS: {sorted(tops - set(LAYERS))}"
+    assert not tops - set(LAYERS), (
+        f"folders without a layer in LAYERS: {sorted(tops - set(LAYERS))}"
+    )
 
 
 def test_imports_never_go_up_a_layer():
@@ -184,5 +187,9 @@ def test_the_checker_sees_function_level_and_lazy_imports(tmp_path):
 
 
 def test_modules_stay_small():
-    big = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    big = {
+        m: n
+        for m, p in MODULES.items()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
     assert not big, f"modules over {MAX_MODULE_LINES} lines: {big}"

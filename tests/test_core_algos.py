@@ -534,7 +534,9 @@ def test_rollout_is_weights_token_and_sequence_levels() -> None:
     assert torch.allclose(seq[0], torch.full((3,), math.exp(-0.5)))
     assert torch.allclose(seq[1], torch.tensor([math.exp(2.2), math.exp(2.2), 1.0]))
     # A huge gap is capped without overflowing to inf.
-    far, _ = rollout_is_weights(torch.zeros(1, 2), torch.full((1, 2), -1e4), torch.ones(1, 2), "sequence", 3.0)
+    far, _ = rollout_is_weights(
+        torch.zeros(1, 2), torch.full((1, 2), -1e4), torch.ones(1, 2), "sequence", 3.0
+    )
     assert torch.equal(far, torch.full((1, 2), 3.0))
     with pytest.raises(ValueError, match="rollout_is='tokens'"):
         rollout_is_weights(old, rollout, mask, "tokens")
@@ -547,11 +549,19 @@ def test_rollout_is_weights_scale_the_vanilla_loss_per_token() -> None:
     weights = torch.rand(3, 5, generator=g) * 2
     cfg = PolicyLossConfig(loss_agg_mode="token-mean")
     loss_fn = get_policy_loss("vanilla")
-    weighted, _ = loss_fn(old_log_prob=old, log_prob=new, advantages=adv * weights,
-                          response_mask=mask, valid_mask=valid, config=cfg)
+    weighted, _ = loss_fn(
+        old_log_prob=old,
+        log_prob=new,
+        advantages=adv * weights,
+        response_mask=mask,
+        valid_mask=valid,
+        config=cfg,
+    )
     # Reference: each token's clipped PPO term times its weight, averaged over tokens.
     ratio = (new - old).exp()
-    per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_ratio_low, 1 + cfg.clip_ratio_high))
+    per_token = torch.maximum(
+        -adv * ratio, -adv * ratio.clamp(1 - cfg.clip_ratio_low, 1 + cfg.clip_ratio_high)
+    )
     dual = torch.minimum(per_token, -adv * cfg.clip_ratio_c)
     per_token = torch.where(adv < 0, dual, per_token)
     assert weighted.item() == pytest.approx((per_token * weights).mean().item(), rel=1e-5)

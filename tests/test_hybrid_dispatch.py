@@ -13,7 +13,10 @@ from mmrl.protocol import Batch
 
 def make_batch(n: int) -> Batch:
     return Batch.from_dict(
-        {"input_ids": torch.arange(n * 3).reshape(n, 3), "score": torch.arange(n, dtype=torch.float32)},
+        {
+            "input_ids": torch.arange(n * 3).reshape(n, 3),
+            "score": torch.arange(n, dtype=torch.float32),
+        },
         {
             "uid": [f"u{i}" for i in range(n)],
             "multi_modal_inputs": [{"pixel_values": np.full((2, 2), i)} for i in range(n)],
@@ -59,7 +62,9 @@ class InProcessGroup(WorkerGroup):
         self.workers = [EchoWorker(r) for r in range(world_size)]
 
     def _run(self, method, calls):
-        return [getattr(w, method)(*a, **kw) for w, (a, kw) in zip(self.workers, calls, strict=True)]
+        return [
+            getattr(w, method)(*a, **kw) for w, (a, kw) in zip(self.workers, calls, strict=True)
+        ]
 
 
 def test_uneven_batch_is_padded_then_unpadded_in_order():
@@ -90,7 +95,9 @@ def test_metrics_are_averaged_over_ranks():
 
 
 def test_update_refuses_a_batch_that_does_not_divide():
-    with pytest.raises(ValueError, match=r"5 samples cannot be split evenly over 2 .*n_workers_per_node"):
+    with pytest.raises(
+        ValueError, match=r"5 samples cannot be split evenly over 2 .*n_workers_per_node"
+    ):
         InProcessGroup(world_size=2).train(make_batch(5))
 
 
@@ -99,14 +106,19 @@ def test_all_mode_reaches_every_rank():
 
 
 def test_unregistered_method_is_a_clear_error():
-    with pytest.raises(AttributeError, match=r"not_exposed is not a worker-group method.*'annotate'"):
+    with pytest.raises(
+        AttributeError, match=r"not_exposed is not a worker-group method.*'annotate'"
+    ):
         InProcessGroup(world_size=1).not_exposed()
 
 
 def test_split_args_keeps_other_arguments():
     calls, pad = split_args(Dispatch.DP_COMPUTE, 2, ("x", make_batch(4)), {"seed": 3}, "m")
     assert pad == 0
-    assert [(a[0], len(a[1]), kw) for a, kw in calls] == [("x", 2, {"seed": 3}), ("x", 2, {"seed": 3})]
+    assert [(a[0], len(a[1]), kw) for a, kw in calls] == [
+        ("x", 2, {"seed": 3}),
+        ("x", 2, {"seed": 3}),
+    ]
     with pytest.raises(TypeError, match="got no Batch argument"):
         split_args(Dispatch.DP_COMPUTE, 2, (1,), {}, "m")
 

@@ -50,19 +50,27 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")  # other test files start their own Ray
 def local_ray() -> Iterator[None]:
-    ray.init(address="local", num_cpus=2, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False)
+    ray.init(
+        address="local", num_cpus=2, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False
+    )
     yield
     ray.shutdown()
 
 
 def short_cfg(tmp_path: Path, model_dir: Path, *extra: str):
-    return load_config(run_overrides(
-        tmp_path,
-        f"actor_rollout_ref.model.path={model_dir}",
-        "trainer.total_steps=1", "trainer.test_freq=0", "trainer.val_before_train=false",
-        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "trainer.dist_timeout_s=60",
-        *extra,
-    ))
+    return load_config(
+        run_overrides(
+            tmp_path,
+            f"actor_rollout_ref.model.path={model_dir}",
+            "trainer.total_steps=1",
+            "trainer.test_freq=0",
+            "trainer.val_before_train=false",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.rollout.n=4",
+            "trainer.dist_timeout_s=60",
+            *extra,
+        )
+    )
 
 
 def update_batch(n: int, vocab: int, prompt_len: int = 5, response_len: int = 6) -> Batch:
@@ -74,17 +82,19 @@ def update_batch(n: int, vocab: int, prompt_len: int = 5, response_len: int = 6)
     response_mask = (torch.arange(response_len)[None] < lengths[:, None]).float()
     attention_mask = torch.cat([torch.ones(n, prompt_len), response_mask], dim=1).long()
     old_log_probs = -2.0 + 0.1 * torch.randn(n, response_len, generator=g)
-    return Batch.from_dict({
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": torch.arange(prompt_len + response_len).expand(n, -1).clone(),
-        "responses": responses,
-        "response_mask": response_mask,
-        "old_log_probs": old_log_probs,
-        "ref_log_prob": old_log_probs + 0.05 * torch.randn(n, response_len, generator=g),
-        "advantages": torch.randn(n, response_len, generator=g) * response_mask,
-        "valid_mask": torch.arange(n) != 2,
-    })
+    return Batch.from_dict(
+        {
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": torch.arange(prompt_len + response_len).expand(n, -1).clone(),
+            "responses": responses,
+            "response_mask": response_mask,
+            "old_log_probs": old_log_probs,
+            "ref_log_prob": old_log_probs + 0.05 * torch.randn(n, response_len, generator=g),
+            "advantages": torch.randn(n, response_len, generator=g) * response_mask,
+            "valid_mask": torch.arange(n) != 2,
+        }
+    )
 
 
 def test_two_fsdp_workers_update_like_one(tmp_path, tiny_model_dir, local_ray):
@@ -93,22 +103,33 @@ def test_two_fsdp_workers_update_like_one(tmp_path, tiny_model_dir, local_ray):
     # One optimizer step over all 8 samples, accumulated over micro-batches of up to 3:
     # [3, 3, 2] rows on one worker, [3, 1] on each of two. Token counts differ per micro-batch.
     cfg = short_cfg(
-        tmp_path, tiny_model_dir, "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size=3", "actor_rollout_ref.actor.lr=1e-3",
+        tmp_path,
+        tiny_model_dir,
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size=3",
+        "actor_rollout_ref.actor.lr=1e-3",
     )
     args = ("actor", ActorRolloutRefWorker, cfg, tiny_model_dir, True)
     one = LocalWorkerGroup.spawn(*args, device_type="cpu", timeout_s=60)
-    two = RayWorkerGroup.spawn(ResourcePool(1, 2, cpus_per_worker=1), *args, device_type="cpu", timeout_s=60)
+    two = RayWorkerGroup.spawn(
+        ResourcePool(1, 2, cpus_per_worker=1), *args, device_type="cpu", timeout_s=60
+    )
     try:
         vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
         batch = update_batch(8, vocab)
         # 7 rows do not divide over 2 ranks: padded, then cut back, in order.
-        assert torch.allclose(two.compute_log_prob(batch[:7]), one.compute_log_prob(batch[:7]), atol=1e-5)
+        assert torch.allclose(
+            two.compute_log_prob(batch[:7]), one.compute_log_prob(batch[:7]), atol=1e-5
+        )
         # Greedy decoding of 5 prompts: each rank decodes under its gathered full weights.
-        prompts = Batch.from_dict({k: batch[k][:5, :5] for k in ("input_ids", "attention_mask", "position_ids")})
+        prompts = Batch.from_dict(
+            {k: batch[k][:5, :5] for k in ("input_ids", "attention_mask", "position_ids")}
+        )
         greedy = SamplingParams(max_tokens=4, do_sample=False)
-        assert torch.equal(two.generate_sequences(prompts, greedy)["responses"],
-                           one.generate_sequences(prompts, greedy)["responses"])
+        assert torch.equal(
+            two.generate_sequences(prompts, greedy)["responses"],
+            one.generate_sequences(prompts, greedy)["responses"],
+        )
 
         initial = one.full_state_dict()[0]
         metrics_one = one.update_actor(batch.clone(), seed=1)
@@ -117,7 +138,9 @@ def test_two_fsdp_workers_update_like_one(tmp_path, tiny_model_dir, local_ray):
         assert after_two[1] == {}  # gathered onto rank 0 only
         assert max((after_one[k] - after_two[0][k]).abs().max().item() for k in after_one) < 1e-5
         assert max((after_one[k] - initial[k]).abs().max().item() for k in after_one) > 1e-4
-        assert metrics_two["actor/grad_norm"] == pytest.approx(metrics_one["actor/grad_norm"], rel=1e-4)
+        assert metrics_two["actor/grad_norm"] == pytest.approx(
+            metrics_one["actor/grad_norm"], rel=1e-4
+        )
 
         saved = two.save_pretrained(tmp_path / "saved")[0]
         reloaded = AutoModelForCausalLM.from_pretrained(saved, local_files_only=True).state_dict()
@@ -133,17 +156,28 @@ def test_vllm_engines_in_two_fsdp_workers_follow_every_update(tmp_path, tiny_mod
     from mmrl.hybrid.ray_group import RayWorkerGroup, ResourcePool
 
     cfg = short_cfg(
-        tmp_path, tiny_model_dir, "actor_rollout_ref.rollout.name=vllm",
-        "actor_rollout_ref.rollout.kv_cache_memory_gib=0.0625", "actor_rollout_ref.actor.lr=1e-2",
+        tmp_path,
+        tiny_model_dir,
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.kv_cache_memory_gib=0.0625",
+        "actor_rollout_ref.actor.lr=1e-2",
     )
     two = RayWorkerGroup.spawn(
-        ResourcePool(1, 2, cpus_per_worker=1), "actor", ActorRolloutRefWorker, cfg, tiny_model_dir, True,
-        device_type="cpu", timeout_s=60,
+        ResourcePool(1, 2, cpus_per_worker=1),
+        "actor",
+        ActorRolloutRefWorker,
+        cfg,
+        tiny_model_dir,
+        True,
+        device_type="cpu",
+        timeout_s=60,
     )
     try:
         vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
         batch = update_batch(8, vocab)
-        prompts = Batch.from_dict({k: batch[k][:7, :5] for k in ("input_ids", "attention_mask", "position_ids")})
+        prompts = Batch.from_dict(
+            {k: batch[k][:7, :5] for k in ("input_ids", "attention_mask", "position_ids")}
+        )
         sampling = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
         before = two.generate_sequences(prompts, sampling)
         assert len(before) == 7  # 7 prompts over 2 ranks: padded, then cut back
@@ -153,7 +187,9 @@ def test_vllm_engines_in_two_fsdp_workers_follow_every_update(tmp_path, tiny_mod
         mask = after["response_mask"].bool()
         assert (after["rollout_log_probs"] - recomputed).abs()[mask].max() < 1e-4
         stale = two.compute_log_prob(before)  # the old samples under the new weights
-        assert (before["rollout_log_probs"] - stale).abs()[before["response_mask"].bool()].max() > 1e-3
+        assert (before["rollout_log_probs"] - stale).abs()[
+            before["response_mask"].bool()
+        ].max() > 1e-3
     finally:
         two.shutdown()
 
@@ -178,7 +214,9 @@ def test_killed_worker_is_named_with_its_step(tmp_path, tiny_model_dir, local_ra
 
     monkeypatch.setattr(fit_module, "build_workers", build_with_a_fault)
     cfg = short_cfg(tmp_path, tiny_model_dir, "trainer.n_workers_per_node=2")
-    pattern = r"rank 1 of 2 in group 'actor' \(pid \d+ on .+\) died during compute_log_prob at RL step 1"
+    pattern = (
+        r"rank 1 of 2 in group 'actor' \(pid \d+ on .+\) died during compute_log_prob at RL step 1"
+    )
     with pytest.raises(WorkerError, match=pattern):
         fit_module.fit(cfg)
     assert time.monotonic() - killed_at[0] < 20, "the failure was not reported promptly"
@@ -188,8 +226,13 @@ def test_separate_critic_group_on_the_session_cluster(tmp_path, tiny_model_dir, 
     from mmrl.trainer.fit import fit
 
     cfg = short_cfg(
-        tmp_path, tiny_model_dir, "trainer.ray_address=auto", "trainer.n_workers_per_node=2",
-        "trainer.ray_num_cpus_per_worker=0.5", "trainer.colocate_critic=false", "algorithm.adv_estimator=gae",
+        tmp_path,
+        tiny_model_dir,
+        "trainer.ray_address=auto",
+        "trainer.n_workers_per_node=2",
+        "trainer.ray_num_cpus_per_worker=0.5",
+        "trainer.colocate_critic=false",
+        "algorithm.adv_estimator=gae",
     )
     row = fit(cfg).history[-1]
     assert "critic/vf_loss" in row and "critic/values/mean" in row
@@ -207,15 +250,26 @@ def free_port() -> int:
 
 @contextmanager
 def ray_head(log_path: Path, env: dict[str, str]) -> Iterator[str]:
-    """A Ray head in the foreground (`--block`), reached on loopback; terminating it stops this cluster.
+    """A Ray head in the foreground (`--block`), reached on loopback; terminating it stops this
+    cluster.
 
     `ray stop` would stop every Ray on the machine, other users' included.
     """
-    port, temp_dir = free_port(), tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: socket paths are limited
+    port, temp_dir = (
+        free_port(),
+        tempfile.mkdtemp(prefix="ray", dir="/tmp"),
+    )  # short: socket paths are limited
     command = [
-        str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}",
-        "--num-cpus=2", f"--object-store-memory={OBJECT_STORE_BYTES}",
-        "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}", "--block",
+        str(Path(sys.executable).parent / "ray"),
+        "start",
+        "--head",
+        f"--port={port}",
+        "--num-cpus=2",
+        f"--object-store-memory={OBJECT_STORE_BYTES}",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        f"--temp-dir={temp_dir}",
+        "--block",
     ]
     with open(log_path, "w") as log:
         head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -237,15 +291,30 @@ def test_train_through_a_ray_start_head(tmp_path, tiny_model_dir):
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     with ray_head(tmp_path / "head.log", env) as address:
         proc = subprocess.run(
-            [sys.executable, "-m", "mmrl.trainer.cli", "train",
-             *run_overrides(tmp_path / "run", f"actor_rollout_ref.model.path={tiny_model_dir}"),
-             f"trainer.ray_address={address}", "trainer.n_workers_per_node=2",
-             "algorithm.adv_estimator=gae", "trainer.total_steps=2", "trainer.test_freq=0",
-             "trainer.val_before_train=false", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4"],
-            capture_output=True, text=True, timeout=400, env=env,
+            [
+                sys.executable,
+                "-m",
+                "mmrl.trainer.cli",
+                "train",
+                *run_overrides(tmp_path / "run", f"actor_rollout_ref.model.path={tiny_model_dir}"),
+                f"trainer.ray_address={address}",
+                "trainer.n_workers_per_node=2",
+                "algorithm.adv_estimator=gae",
+                "trainer.total_steps=2",
+                "trainer.test_freq=0",
+                "trainer.val_before_train=false",
+                "data.train_batch_size=4",
+                "actor_rollout_ref.rollout.n=4",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=400,
+            env=env,
         )
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in rows] == [1, 2]
     assert "critic/vf_loss" in rows[-1] and "timing_s/update_weights" in rows[-1]
     assert (tmp_path / "run" / "actor" / "config.json").is_file()

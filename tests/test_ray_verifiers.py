@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
 
 # A user's verifier file: exact match, plus whether the call ran inside a Ray worker.
-VERIFIER = textwrap.dedent('''
+VERIFIER = textwrap.dedent("""
     import sys
     import numpy as np
     from mmrl.verifiers import VerifierOutput
@@ -31,20 +31,28 @@ VERIFIER = textwrap.dedent('''
                            for r, t in zip(batch["response_text"], batch["ground_truth"])])
         return VerifierOutput(scores=scores, valid=np.ones(len(scores), dtype=bool),
                               metrics={"in_ray": np.full(len(scores), float(in_ray))})
-''')
+""")
 
 
 def test_process_verifiers_run_on_ray_beside_two_fsdp_workers(tmp_path, warm_model_dir):
     assert not ray.is_initialized(), "another test left Ray running"
     verifier = tmp_path / "my_verifier.py"
     verifier.write_text(VERIFIER)
-    cfg = load_config(run_overrides(
-        tmp_path / "run", f"actor_rollout_ref.model.path={warm_model_dir}",
-        "trainer.total_steps=2", "trainer.test_freq=2", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
-        "trainer.n_workers_per_node=2", "trainer.ray_object_store_mb=512", "trainer.dist_timeout_s=120",
-        f"reward.verifiers=[{{name: '{verifier}:exact_in_ray', alias: exact, mode: process}}]",
-        "reward.num_workers=2",
-    ))
+    cfg = load_config(
+        run_overrides(
+            tmp_path / "run",
+            f"actor_rollout_ref.model.path={warm_model_dir}",
+            "trainer.total_steps=2",
+            "trainer.test_freq=2",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.rollout.n=4",
+            "trainer.n_workers_per_node=2",
+            "trainer.ray_object_store_mb=512",
+            "trainer.dist_timeout_s=120",
+            f"reward.verifiers=[{{name: '{verifier}:exact_in_ray', alias: exact, mode: process}}]",
+            "reward.num_workers=2",
+        )
+    )
     result = fit(cfg)
     assert result.series("reward/exact/in_ray") == [1.0, 1.0]  # the calls ran on Ray actors
     assert result.series("val/exact/in_ray") == [1.0, 1.0]

@@ -25,7 +25,9 @@ def test_recomputed_log_probs_use_the_sampled_support(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     prompts = TextProcessor(tokenizer, max_prompt_length=8).encode_prompts(["12+34=", "1+2=", "7="])
     digits = tuple(tokenizer.convert_tokens_to_ids(list("0123")))
-    sampling = SamplingParams(max_tokens=6, temperature=0.7, seed=0, allowed_token_ids=digits, min_tokens=4)
+    sampling = SamplingParams(
+        max_tokens=6, temperature=0.7, seed=0, allowed_token_ids=digits, min_tokens=4
+    )
     out = HFRollout(model, tokenizer).generate(prompts, sampling)
     mask = out["response_mask"].bool()
     assert set(out["responses"][mask].tolist()) <= {*digits, tokenizer.eos_token_id}
@@ -44,14 +46,25 @@ def test_restrict_logits_masks_stops_only_before_min_tokens():
     support = {"allowed_token_ids": [1, 2, 4], "stop_token_ids": [4], "min_tokens": 2}
     out = restrict_logits(logits, support)
     low = torch.finfo(torch.float32).min
-    assert torch.equal(out[0, :, 0], torch.full((3,), low)) and torch.equal(out[0, :, 3], torch.full((3,), low))
-    assert out[0, 0, 4] == low and out[0, 1, 4] == low and out[0, 2, 4] == 0  # stop allowed from step 2
+    assert torch.equal(out[0, :, 0], torch.full((3,), low)) and torch.equal(
+        out[0, :, 3], torch.full((3,), low)
+    )
+    assert (
+        out[0, 0, 4] == low and out[0, 1, 4] == low and out[0, 2, 4] == 0
+    )  # stop allowed from step 2
     assert torch.isfinite(torch.log_softmax(out, -1)[..., [1, 2]]).all()
     assert restrict_logits(logits, None) is logits
 
 
 def test_restrict_logits_masks_suppressed_ids_everywhere():
     logits = torch.zeros(2, 3, 5)
-    support = {"allowed_token_ids": None, "suppressed_token_ids": [0, 3], "stop_token_ids": [4], "min_tokens": 0}
+    support = {
+        "allowed_token_ids": None,
+        "suppressed_token_ids": [0, 3],
+        "stop_token_ids": [4],
+        "min_tokens": 0,
+    }
     out = restrict_logits(logits, support)
-    assert (out[..., [0, 3]] == torch.finfo(torch.float32).min).all() and (out[..., [1, 2, 4]] == 0).all()
+    assert (out[..., [0, 3]] == torch.finfo(torch.float32).min).all() and (
+        out[..., [1, 2, 4]] == 0
+    ).all()

@@ -71,7 +71,9 @@ def test_sync_matches_transformers(vllm_rollouts, kind, source):
 
 
 def test_constraints_match_transformers(vllm_rollouts):
-    """``allowed_token_ids`` and ``min_tokens`` shape the distribution before sampling in both engines."""
+    """``allowed_token_ids`` and ``min_tokens`` shape the distribution before sampling in both
+    engines.
+    """
     actor, tokenizer, engine = vllm_rollouts["untied"]
     reinit(actor, seed=3)
     engine.sync_weights(actor)
@@ -93,7 +95,9 @@ def test_constraints_match_transformers(vllm_rollouts):
     assert (got["response_mask"].sum(-1) >= 3).all()
     # Training recomputes them under the same restriction (recorded in the batch's meta).
     recomputed = compute_log_probs(actor, got, micro_batch_size=8, temperature=1.0)
-    torch.testing.assert_close(recomputed[mask], got["rollout_log_probs"][mask], atol=LOGPROB_ATOL, rtol=0)
+    torch.testing.assert_close(
+        recomputed[mask], got["rollout_log_probs"][mask], atol=LOGPROB_ATOL, rtol=0
+    )
 
 
 def reference_log_probs(
@@ -182,7 +186,9 @@ def test_grpo_with_vllm_rollout_learns(tmp_path, warm_model_dir):
     actor = AutoModelForCausalLM.from_pretrained(exported, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(exported, local_files_only=True)
     rollout_cfg = RolloutConfig(name="vllm", dtype="float32", kv_cache_memory_gib=0.0625)
-    engine = VLLMRollout(model=None, tokenizer=tokenizer, model_path=str(exported), cfg=rollout_cfg, max_model_len=32)
+    engine = VLLMRollout(
+        model=None, tokenizer=tokenizer, model_path=str(exported), cfg=rollout_cfg, max_model_len=32
+    )
     greedy = SamplingParams(max_tokens=4, do_sample=False)
     prompts = encode(tokenizer)
     from_vllm = engine.generate(prompts, greedy)

@@ -18,7 +18,9 @@ from mmrl.verifiers.reasoning import extract_answer, math_equal
 
 
 def frame_batch(pred: np.ndarray, gt: np.ndarray, **non_tensor) -> Batch:
-    return Batch.from_dict({"pred_frames": torch.from_numpy(pred), "gt_frames": torch.from_numpy(gt)}, non_tensor)
+    return Batch.from_dict(
+        {"pred_frames": torch.from_numpy(pred), "gt_frames": torch.from_numpy(gt)}, non_tensor
+    )
 
 
 def random_frames(b=3, f=2, h=24, w=20, seed=0, noise=0.1) -> tuple[np.ndarray, np.ndarray]:
@@ -37,7 +39,8 @@ def ref_psnr(p: np.ndarray, g: np.ndarray) -> float:
 
 
 def ref_ssim(p: np.ndarray, g: np.ndarray) -> float:
-    """Wang et al. 2004 SSIM, Gaussian window 11 / sigma 1.5, mean over pixels and channels. [H, W, 3].
+    """Wang et al. 2004 SSIM, Gaussian window 11 / sigma 1.5, mean over pixels and channels. [H, W,
+    3].
 
     Border handling as torchmetrics does it: reflect padding, every pixel averaged.
     """
@@ -57,7 +60,9 @@ def ref_ssim(p: np.ndarray, g: np.ndarray) -> float:
         mu_a, mu_b = blur(a), blur(b)
         var_a, var_b = np.maximum(blur(a * a) - mu_a**2, 0), np.maximum(blur(b * b) - mu_b**2, 0)
         cov = blur(a * b) - mu_a * mu_b
-        s = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a**2 + mu_b**2 + c1) * (var_a + var_b + c2))
+        s = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / (
+            (mu_a**2 + mu_b**2 + c1) * (var_a + var_b + c2)
+        )
         out.append(s.mean())
     return float(np.mean(out))
 
@@ -74,9 +79,16 @@ def ref_ssim(p: np.ndarray, g: np.ndarray) -> float:
 def test_frame_metrics_match_numpy_references(name, ref):
     pred, gt = random_frames()
     out = get_verifier(name)(frame_batch(pred, gt))
-    expected = [np.mean([ref(pred[i, t], gt[i, t]) for t in range(pred.shape[1])]) for i in range(len(pred))]
+    expected = [
+        np.mean([ref(pred[i, t], gt[i, t]) for t in range(pred.shape[1])]) for i in range(len(pred))
+    ]
     np.testing.assert_allclose(out.scores, expected, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(out.metrics["last_frame"], [ref(pred[i, -1], gt[i, -1]) for i in range(3)], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        out.metrics["last_frame"],
+        [ref(pred[i, -1], gt[i, -1]) for i in range(3)],
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def test_uint8_and_float_frames_give_the_same_scores():
@@ -112,8 +124,12 @@ def test_aggregate_frames_mean_last_discounted():
     torch.testing.assert_close(aggregate_frames(values, "last"), torch.tensor([4.0, 3.0]))
     g = 0.5
     expected = (1 + 2 * g + 4 * g * g) / (1 + g + g * g)
-    torch.testing.assert_close(aggregate_frames(values, "discounted", g), torch.tensor([expected, 3.0]))
-    torch.testing.assert_close(aggregate_frames(values, "discounted", 1.0), aggregate_frames(values, "mean"))
+    torch.testing.assert_close(
+        aggregate_frames(values, "discounted", g), torch.tensor([expected, 3.0])
+    )
+    torch.testing.assert_close(
+        aggregate_frames(values, "discounted", 1.0), aggregate_frames(values, "mean")
+    )
     with pytest.raises(ValueError, match="not one of"):
         aggregate_frames(values, "median")
 
@@ -165,7 +181,11 @@ def test_math_equal(answer, truth, equal):
 
 
 def test_math_answer_reads_the_answer_tag():
-    responses = ["<think>half</think><answer>\\frac{2}{4}</answer>", "<think>hmm</think><answer>3</answer>", "0.5"]
+    responses = [
+        "<think>half</think><answer>\\frac{2}{4}</answer>",
+        "<think>hmm</think><answer>3</answer>",
+        "0.5",
+    ]
     out = get_verifier("math_answer")(text_batch(responses, ["0.5", "0.5", "1/2"]))
     assert out.scores.tolist() == [1.0, 0.0, 1.0]
     assert out.metrics["has_answer_tag"].tolist() == [1.0, 1.0, 0.0]
@@ -173,9 +193,19 @@ def test_math_answer_reads_the_answer_tag():
 
 
 def test_choice_answer_compares_words_not_symbols():
-    responses = ["<think>x</think><answer> Red </answer>", "<think>x</think><answer>der</answer>", "blue", "<answer>B</answer>"]
+    responses = [
+        "<think>x</think><answer> Red </answer>",
+        "<think>x</think><answer>der</answer>",
+        "blue",
+        "<answer>B</answer>",
+    ]
     out = get_verifier("choice_answer")(text_batch(responses, ["red", "red", "blue", "b"]))
-    assert out.scores.tolist() == [1.0, 0.0, 1.0, 1.0]  # math_answer calls "der" equal to "red" (d*e*r)
+    assert out.scores.tolist() == [
+        1.0,
+        0.0,
+        1.0,
+        1.0,
+    ]  # math_answer calls "der" equal to "red" (d*e*r)
     assert out.metrics["has_answer_tag"].tolist() == [1.0, 1.0, 0.0, 1.0]
 
 
@@ -205,11 +235,17 @@ def toy_brightness(sample: ClosedLoopSample) -> float:
 def test_closed_loop_gets_env_handles_from_field_or_factory():
     frames = torch.stack([torch.full((2, 8, 8, 3), v) for v in (0.2, 0.5)])
     batch = Batch.from_dict({"pred_frames": frames}, {"env": [ToyEnv(0.2), ToyEnv(0.0)]})
-    np.testing.assert_allclose(get_verifier("closed_loop")(batch, task="toy_brightness").scores, [1.0, 0.5])
+    np.testing.assert_allclose(
+        get_verifier("closed_loop")(batch, task="toy_brightness").scores, [1.0, 0.5]
+    )
 
-    by_factory = Batch.from_dict({"pred_frames": frames}, {"extra_info": [{"level": 0.2}, {"level": 0.5}]})
+    by_factory = Batch.from_dict(
+        {"pred_frames": frames}, {"extra_info": [{"level": 0.2}, {"level": 0.5}]}
+    )
     by_factory.meta["env_factory"] = lambda info: ToyEnv(info["level"])
-    np.testing.assert_allclose(get_verifier("closed_loop")(by_factory, task="toy_brightness").scores, [1.0, 1.0])
+    np.testing.assert_allclose(
+        get_verifier("closed_loop")(by_factory, task="toy_brightness").scores, [1.0, 1.0]
+    )
 
     with pytest.raises(KeyError, match="env_factory"):
         get_verifier("closed_loop")(Batch.from_dict({"pred_frames": frames}), task="toy_brightness")

@@ -52,11 +52,19 @@ def test_golden_inputs_are_the_ones_the_reference_saw():
 
 @pytest.mark.parametrize(
     ("net", "max_pixels"),
-    [("alex", None), ("vgg", 64 * 64), pytest.param("vgg", None, marks=pytest.mark.slow)],  # vgg at 128x128 is slow
+    [
+        ("alex", None),
+        ("vgg", 64 * 64),
+        pytest.param("vgg", None, marks=pytest.mark.slow),
+    ],  # vgg at 128x128 is slow
 )
 def test_port_matches_jax_reference_golden_values(lpips_weights, net, max_pixels):
     model = LPIPSNet(net).load_weights(lpips_weights[net]).eval()
-    pairs = [(name, a, b) for name, a, b in make_pairs() if max_pixels is None or a.shape[1] * a.shape[2] <= max_pixels]
+    pairs = [
+        (name, a, b)
+        for name, a, b in make_pairs()
+        if max_pixels is None or a.shape[1] * a.shape[2] <= max_pixels
+    ]
     with torch.inference_mode():
         got = {name: float(model(nchw(a), nchw(b))) for name, a, b in pairs}
     expected = {name: GOLDEN["values"][net][name] for name in got}
@@ -73,9 +81,13 @@ def test_converted_heads_equal_the_lpips_package_heads(lpips_weights, net):
 
 
 @pytest.mark.filterwarnings("ignore:.*deprecated:UserWarning")  # lpips calls torchvision's old API
-@pytest.mark.parametrize("net", ["alex", pytest.param("vgg", marks=pytest.mark.slow)])  # vgg: builds a 138M-param torchvision model
+@pytest.mark.parametrize(
+    "net", ["alex", pytest.param("vgg", marks=pytest.mark.slow)]
+)  # vgg: builds a 138M-param torchvision model
 def test_lpips_package_forward_with_converted_backbone_agrees(lpips_weights, net):
-    """The original PyTorch implementation, given the converted backbone, computes the same distances."""
+    """The original PyTorch implementation, given the converted backbone, computes the same
+    distances.
+    """
     import lpips as lpips_package
 
     reference = lpips_package.LPIPS(net=net, pnet_rand=True, verbose=False).eval()
@@ -90,7 +102,9 @@ def test_lpips_package_forward_with_converted_backbone_agrees(lpips_weights, net
     x0 = torch.cat([nchw(a) for _, a, _ in pairs])
     x1 = torch.cat([nchw(b) for _, _, b in pairs])
     with torch.inference_mode():
-        torch.testing.assert_close(ours(x0, x1), reference(x0, x1).reshape(-1), rtol=2e-5, atol=1e-6)
+        torch.testing.assert_close(
+            ours(x0, x1), reference(x0, x1).reshape(-1), rtol=2e-5, atol=1e-6
+        )
 
 
 @pytest.mark.parametrize("name", ["lpips", "lpips_vgg"])
@@ -112,11 +126,23 @@ def test_verifier_sanity_identical_is_zero_and_more_noise_scores_more(lpips_weig
 def test_verifier_scores_frames_in_unit_range_like_the_model(lpips_weights):
     _, a, b = make_pairs()[2]  # [-1, 1] NHWC
     batch = Batch.from_dict(
-        {"pred_frames": torch.from_numpy((a + 1) / 2)[:, None], "gt_frames": torch.from_numpy((b + 1) / 2)[:, None]}
+        {
+            "pred_frames": torch.from_numpy((a + 1) / 2)[:, None],
+            "gt_frames": torch.from_numpy((b + 1) / 2)[:, None],
+        }
     )
-    np.testing.assert_allclose(get_verifier("lpips")(batch).scores, [GOLDEN["values"]["alex"]["noise_medium"]], rtol=1e-4)
+    np.testing.assert_allclose(
+        get_verifier("lpips")(batch).scores, [GOLDEN["values"]["alex"]["noise_medium"]], rtol=1e-4
+    )
     with pytest.raises(ValueError, match="at least 31x31"):
-        get_verifier("lpips")(Batch.from_dict({"pred_frames": torch.zeros(1, 1, 16, 16, 3), "gt_frames": torch.zeros(1, 1, 16, 16, 3)}))
+        get_verifier("lpips")(
+            Batch.from_dict(
+                {
+                    "pred_frames": torch.zeros(1, 1, 16, 16, 3),
+                    "gt_frames": torch.zeros(1, 1, 16, 16, 3),
+                }
+            )
+        )
 
 
 # ----- the conversion itself ---------------------------------------------------------------
@@ -165,10 +191,14 @@ def test_missing_sources_say_how_to_fetch_them(tmp_path, monkeypatch):
         load_lpips_weights("vgg")
 
 
-def test_official_backbone_in_the_torch_hub_cache_is_preferred(tmp_path, monkeypatch, lpips_weights):
+def test_official_backbone_in_the_torch_hub_cache_is_preferred(
+    tmp_path, monkeypatch, lpips_weights
+):
     backbone = {k: v.clone() for k, v in lpips_weights["alex"].items() if k.startswith("features.")}
     backbone["features.0.bias"] += 1.0  # a marker: proves these weights were the ones loaded
-    backbone["classifier.1.weight"] = torch.zeros(2, 2)  # torchvision files carry the classifier too
+    backbone["classifier.1.weight"] = torch.zeros(
+        2, 2
+    )  # torchvision files carry the classifier too
     (tmp_path / "checkpoints").mkdir()
     torch.save(backbone, tmp_path / "checkpoints" / HUB_FILES["alex"])
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))

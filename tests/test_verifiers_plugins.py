@@ -53,7 +53,9 @@ def test_path_plugin_is_loaded_once_and_named_after_its_function(tmp_path):
     fn = get_verifier(ref)
     assert fn is get_verifier(ref)  # cached: the file is imported once
     assert sys.modules[fn.__module__].LOADS == [1]
-    out = score_batch(text_batch(["ab", "abcd"]), [{"name": ref, "weight": 2.0, "kwargs": {"per_char": 0.5}}])
+    out = score_batch(
+        text_batch(["ab", "abcd"]), [{"name": ref, "weight": 2.0, "kwargs": {"per_char": 0.5}}]
+    )
     np.testing.assert_allclose(out.scores, [2.0, 4.0])
     assert out.metrics["reward/length_bonus/mean"] == 1.5
     assert portable_ref(ref, fn) == f"{path.resolve()}:length_bonus"
@@ -70,7 +72,12 @@ def test_bad_references_explain_what_was_expected(tmp_path):
         get_verifier("mmrl.verifiers.image:nothing")
     with pytest.raises(ValueError, match="appear more than once.*alias"):
         bind_all([("psnr", 1.0), ("psnr", 0.5)])
-    assert [b.name for b in bind_all([("psnr", 1.0), {"name": "psnr", "alias": "psnr_last", "kwargs": {"aggregate": "last"}}])] == ["psnr", "psnr_last"]
+    assert [
+        b.name
+        for b in bind_all(
+            [("psnr", 1.0), {"name": "psnr", "alias": "psnr_last", "kwargs": {"aggregate": "last"}}]
+        )
+    ] == ["psnr", "psnr_last"]
 
 
 def test_process_mode_needs_an_importable_function():
@@ -90,7 +97,9 @@ def fake_distribution(site: Path, module_body: str) -> None:
     info = site / "fake_mmrl_plugin-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-mmrl-plugin\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[mmrl.verifiers]\nshout_ratio = fake_mmrl_plugin:shout_ratio\n")
+    (info / "entry_points.txt").write_text(
+        "[mmrl.verifiers]\nshout_ratio = fake_mmrl_plugin:shout_ratio\n"
+    )
 
 
 def test_entry_point_from_a_dist_info_on_sys_path(tmp_path, monkeypatch):
@@ -105,7 +114,9 @@ def test_entry_point_from_a_dist_info_on_sys_path(tmp_path, monkeypatch):
     assert "shout_ratio" in available()
     out = score_batch(text_batch(["AB", "aB"]), [("shout_ratio", 1.0)])
     np.testing.assert_allclose(out.scores, [1.0, 0.5])
-    assert portable_ref("shout_ratio", get_verifier("shout_ratio")) == "fake_mmrl_plugin:shout_ratio"
+    assert (
+        portable_ref("shout_ratio", get_verifier("shout_ratio")) == "fake_mmrl_plugin:shout_ratio"
+    )
 
 
 @pytest.mark.slow  # pip install plus starting worker processes: ~10 s
@@ -123,9 +134,13 @@ def test_example_package_installed_with_pip_is_discovered(tmp_path, monkeypatch)
     assert names["brightness_match"] == "entry point mmrl_example_verifier:brightness_match"
     frames = torch.full((2, 2, 8, 8, 3), 0.5)
     gt = torch.stack([torch.full((2, 8, 8, 3), 0.5), torch.full((2, 8, 8, 3), 0.25)])
-    batch = Batch.from_dict({"pred_frames": frames, "gt_frames": gt}, {"response_text": ["because because", "no"]})
+    batch = Batch.from_dict(
+        {"pred_frames": frames, "gt_frames": gt}, {"response_text": ["because because", "no"]}
+    )
     specs = [("brightness_match", 1.0), {"name": "keyword_count", "weight": 1.0, "timeout_s": 60}]
-    out = score_batch(batch, specs)  # keyword_count runs in a worker process that imports the package
+    out = score_batch(
+        batch, specs
+    )  # keyword_count runs in a worker process that imports the package
     np.testing.assert_allclose(out.scores, [1.0 + 2 / 3, 0.75])
     assert out.metrics["reward/brightness_match/pred_brightness"] == pytest.approx(0.5)
     assert bind(specs[1]).options.mode == "process"

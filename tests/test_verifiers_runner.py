@@ -1,4 +1,5 @@
-"""The runner: composition, failure isolation (raise, hang, crash, NaN), logging, overlap, Ray, fit."""
+"""The runner: composition, failure isolation (raise, hang, crash, NaN), logging, overlap, Ray,
+fit."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch
 from mmrl.protocol import Batch
 from mmrl.verifiers import VerifierOutput, VerifierOutputError, VerifierRunner, register_verifier
 
-# Faulty verifiers keyed on the prompt index in ``uid`` ("<step>-<prompt>"), as the fit loop sets it.
+# Faulty verifiers keyed on the prompt index in ``uid`` ("<step>-<prompt>"), as the fit loop sets
+# it.
 FAULTY = '''
 import math, os, time
 import numpy as np
@@ -30,7 +32,8 @@ def raises(batch):
     return [1.0] * len(batch)
 
 def returns_nan(batch):
-    return [math.nan if i % 4 == 2 else (math.inf if i == 7 and len(batch) == 99 else 0.25) for i in prompt_index(batch)]
+    return [math.nan if i % 4 == 2 else (math.inf if i == 7 and len(batch) == 99 else 0.25) for i in
+    prompt_index(batch)]
 
 @verifier(mode="process", timeout_s=1.0)
 def hangs(batch):
@@ -63,7 +66,10 @@ def faulty(tmp_path) -> Path:
 
 def uid_batch(prompts: int = 8, n: int = 2, **tensors) -> Batch:
     uids = [f"1-{i}" for i in range(prompts) for _ in range(n)]
-    return Batch.from_dict(tensors or None, {"uid": uids, "response_text": ["x"] * len(uids), "ground_truth": ["x"] * len(uids)})
+    return Batch.from_dict(
+        tensors or None,
+        {"uid": uids, "response_text": ["x"] * len(uids), "ground_truth": ["x"] * len(uids)},
+    )
 
 
 # ----- batch mode ----------------------------------------------------------------------------
@@ -77,7 +83,9 @@ def test_weighted_sum_with_negative_weights_matches_the_parts():
     batch = Batch.from_dict({"pred_frames": pred, "gt_frames": gt})
     with VerifierRunner([("mae", -1.0), ("mse", -1.0), ("psnr", 0.5)]) as runner:
         out = runner.run(batch)
-    parts = {name: VerifierRunner([(name, 1.0)]).run(batch).scores for name in ("mae", "mse", "psnr")}
+    parts = {
+        name: VerifierRunner([(name, 1.0)]).run(batch).scores for name in ("mae", "mse", "psnr")
+    }
     np.testing.assert_allclose(out.scores, -parts["mae"] - parts["mse"] + 0.5 * parts["psnr"])
     assert out.valid.all() and out.metrics["reward/invalid_rate"] == 0.0
     assert out.metrics["reward/psnr/mean"] == pytest.approx(parts["psnr"].mean())
@@ -98,13 +106,17 @@ def test_batched_call_that_raises_falls_back_to_per_sample_calls(faulty, caplog)
     assert out.metrics["reward/raises/errors/raise"] == 4
     assert out.metrics["reward/invalid_rate"] == 0.25
     first = [r.message for r in caplog.records if "raise on sample" in r.message]
-    assert len(first) == 1 and "sample 0, uid '1-0'" in first[0] and "RuntimeError: boom" in first[0]
+    assert (
+        len(first) == 1 and "sample 0, uid '1-0'" in first[0] and "RuntimeError: boom" in first[0]
+    )
 
 
 def test_nan_and_declared_invalid_mark_samples_but_only_nan_counts_as_error(faulty):
     @register_verifier("test_runner_declares_invalid")
     def declares_invalid(batch: Batch) -> VerifierOutput:
-        return VerifierOutput(np.ones(len(batch)), np.arange(len(batch)) != 1, {"seen": np.full(len(batch), 2.0)})
+        return VerifierOutput(
+            np.ones(len(batch)), np.arange(len(batch)) != 1, {"seen": np.full(len(batch), 2.0)}
+        )
 
     runner = VerifierRunner([(f"{faulty}:returns_nan", 1.0), ("test_runner_declares_invalid", 1.0)])
     out = runner.run(uid_batch())
@@ -141,7 +153,9 @@ def test_submit_overlaps_and_ignores_fields_added_meanwhile():
 
 @pytest.mark.slow  # starting the worker processes costs ~5-10 s (they import torch + tensordict)
 def test_process_mode_isolates_hangs_crashes_and_raises(faulty, caplog):
-    """One run: hangs time out, a worker crash only fails its samples, chunks are retried per sample."""
+    """One run: hangs time out, a worker crash only fails its samples, chunks are retried per
+    sample.
+    """
     specs = [
         ("exact_answer", 1.0),
         (f"{faulty}:hangs", 1.0),
@@ -167,7 +181,9 @@ def test_process_mode_isolates_hangs_crashes_and_raises(faulty, caplog):
 def test_process_mode_runs_on_ray_actors_when_ray_is_initialised(faulty):
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20)
+    ray.init(
+        num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20
+    )
     try:
         specs = [(f"{faulty}:hangs", 1.0), (f"{faulty}:raises_in_worker", 1.0)]
         out = VerifierRunner(specs).run(uid_batch(prompts=6, n=1))
@@ -183,8 +199,12 @@ def test_process_mode_runs_on_ray_actors_when_ray_is_initialised(faulty):
 
 
 @pytest.mark.slow
-def test_grpo_run_with_raising_hanging_and_nan_verifiers_finishes_with_right_invalid_counts(tmp_path, faulty, caplog):
-    """8 prompts x 4 samples per step: prompts 0, 4 raise, 1 hangs, 2, 6 give NaN -> 20 of 32 invalid."""
+def test_grpo_run_with_raising_hanging_and_nan_verifiers_finishes_with_right_invalid_counts(
+    tmp_path, faulty, caplog
+):
+    """8 prompts x 4 samples per step: prompts 0, 4 raise, 1 hangs, 2, 6 give NaN -> 20 of 32
+    invalid.
+    """
     from mmrl.config import load_config
     from mmrl.trainer.fit import fit
 
@@ -222,4 +242,6 @@ def test_grpo_run_with_raising_hanging_and_nan_verifiers_finishes_with_right_inv
         assert math.isfinite(row["actor/pg_loss"])
         assert row["timing_s/reward/hangs"] >= 4 * 1.0
     for kind in ("raise on sample", "timeout on sample", "nonfinite on sample"):
-        assert sum(kind in r.message for r in caplog.records) == 1, kind  # logged once, not per step
+        assert sum(kind in r.message for r in caplog.records) == 1, (
+            kind
+        )  # logged once, not per step

@@ -1,4 +1,6 @@
-"""The Qwen2.5-VL-7B GPU example: it composes, and the model it names fits its settings (no download)."""
+"""The Qwen2.5-VL-7B GPU example: it composes, and the model it names fits its settings (no
+download).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
 from mmrl.config import compose, config_dir
-from mmrl.processors.vision import VisionProcessorConfig, model_rope_index
+from mmrl.processors.vision import model_rope_index
 
 EXAMPLE = "examples/qwen2_5_vl_7b_gpu"
 ARCH = config_dir() / "examples" / "qwen2_5_vl_7b_instruct_config.json"
@@ -17,19 +19,30 @@ TOKENIZER_SIZE = 151_665  # len(tokenizer) of Qwen2.5-VL: 151,643 BPE tokens + 2
 
 
 def compose_example():
-    return compose(["actor_rollout_ref.model.path=/models/Qwen2.5-VL-7B-Instruct",
-                    "task.train_files=[/data/geo3k/train.parquet]"], config_name=EXAMPLE)
+    return compose(
+        [
+            "actor_rollout_ref.model.path=/models/Qwen2.5-VL-7B-Instruct",
+            "task.train_files=[/data/geo3k/train.parquet]",
+        ],
+        config_name=EXAMPLE,
+    )
 
 
 def test_example_composes_with_the_users_paths():
     cfg = compose_example()
     assert cfg.task.name == "vision_parquet"
-    assert cfg.task.model_path == "/models/Qwen2.5-VL-7B-Instruct"  # interpolated from the model path
+    assert (
+        cfg.task.model_path == "/models/Qwen2.5-VL-7B-Instruct"
+    )  # interpolated from the model path
     assert list(cfg.task.train_files) == ["/data/geo3k/train.parquet"]
     assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.algorithm.adv_estimator == "grpo"
     assert [v.name for v in cfg.reward.verifiers] == ["math_answer", "format"]
-    vision = VisionProcessorConfig.from_data_config(cfg.data)
-    assert vision.max_prompt_length == 1024 and vision.max_pixels == 512 * 512 and vision.keep_raw_media
+    vision = cfg.data
+    assert (
+        vision.max_prompt_length == 1024
+        and vision.max_pixels == 512 * 512
+        and vision.keep_raw_media
+    )
 
 
 def test_example_model_builds_on_meta_and_fits_the_settings():
@@ -47,14 +60,23 @@ def test_example_model_builds_on_meta_and_fits_the_settings():
     assert data.max_prompt_length + data.max_response_length <= text.max_position_embeddings
     patch, merge = config.vision_config.patch_size, config.vision_config.spatial_merge_size
     side = int(data.max_pixels**0.5)
-    h, w = smart_resize(side, side, factor=patch * merge, min_pixels=data.min_pixels, max_pixels=data.max_pixels)
+    h, w = smart_resize(
+        side, side, factor=patch * merge, min_pixels=data.min_pixels, max_pixels=data.max_pixels
+    )
     image_tokens = (h // patch) * (w // patch) // merge**2
     assert image_tokens == 324 and image_tokens + 128 <= data.max_prompt_length
     # Vocabulary: every tokenizer id and every vision id has an embedding row.
     assert model.get_input_embeddings().num_embeddings == text.vocab_size >= TOKENIZER_SIZE
-    assert max(config.image_token_id, config.video_token_id, config.vision_end_token_id) < TOKENIZER_SIZE
+    assert (
+        max(config.image_token_id, config.video_token_id, config.vision_end_token_id)
+        < TOKENIZER_SIZE
+    )
     # Batch divisibility: prompts into mini-batches, samples over GPUs, micro-batches per GPU.
-    actor, rollout, trainer = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.trainer
+    actor, rollout, trainer = (
+        cfg.actor_rollout_ref.actor,
+        cfg.actor_rollout_ref.rollout,
+        cfg.trainer,
+    )
     world = trainer.n_workers_per_node * trainer.nnodes
     samples = data.train_batch_size * rollout.n
     assert data.train_batch_size % actor.ppo_mini_batch_size == 0
@@ -70,9 +92,23 @@ def test_example_model_builds_on_meta_and_fits_the_settings():
 def test_rope_index_of_the_7b_config_runs_without_weights():
     config = Qwen2_5_VLConfig(**json.loads(ARCH.read_text()))
     rope_index = model_rope_index(config)
-    ids = torch.tensor([[1, 2, config.vision_start_token_id, *[config.image_token_id] * 4, config.vision_end_token_id, 5]])
-    positions, _ = rope_index(ids, mm_token_type_ids=(ids == config.image_token_id).long(),
-                              image_grid_thw=torch.tensor([[1, 4, 4]]))
+    ids = torch.tensor(
+        [
+            [
+                1,
+                2,
+                config.vision_start_token_id,
+                *[config.image_token_id] * 4,
+                config.vision_end_token_id,
+                5,
+            ]
+        ]
+    )
+    positions, _ = rope_index(
+        ids,
+        mm_token_type_ids=(ids == config.image_token_id).long(),
+        image_grid_thw=torch.tensor([[1, 4, 4]]),
+    )
     assert positions[:, 0].tolist() == [
         [0, 1, 2, 3, 3, 3, 3, 5, 6],
         [0, 1, 2, 3, 3, 4, 4, 5, 6],

@@ -1,4 +1,6 @@
-"""VLM tasks in the one fit loop: GRPO learns visual comparison, users' parquet trains, eval-vlm scores."""
+"""VLM tasks in the one fit loop: GRPO learns visual comparison, users' parquet trains, eval-vlm
+scores.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +19,13 @@ from tests.conftest import run_overrides
 
 # The short fixed-seed version of `mmrl train task=visual_comparison` (benchmarks/bench_vlm_grpo.py
 # runs the full 40 steps over several seeds). Budget fixed before RL: 150 SFT steps of 32.
-SHORT_COMPARISON = ("task=visual_comparison", "trainer.total_steps=20", "trainer.test_freq=20",
-                    "task.val_size=128", "trainer.val_greedy=false")
+SHORT_COMPARISON = (
+    "task=visual_comparison",
+    "trainer.total_steps=20",
+    "trainer.test_freq=20",
+    "task.val_size=128",
+    "trainer.val_greedy=false",
+)
 SHORT_COUNTING = ("task=visual_counting", "trainer.total_steps=20", "trainer.test_freq=20")
 
 
@@ -56,17 +63,30 @@ def test_visual_counting_sft_then_grpo(tmp_path):
 
 
 def parquet_run(tmp_path, *extra: str):
-    """A user's setup: a tiny Qwen2-VL checkpoint and train/val parquet files; returns (config, val file)."""
-    model = build_tiny_qwen2_vl(tmp_path / "model", seed=0, min_pixels=112 * 112, max_pixels=112 * 112)
+    """A user's setup: a tiny Qwen2-VL checkpoint and train/val parquet files; returns (config, val
+    file).
+    """
+    model = build_tiny_qwen2_vl(
+        tmp_path / "model", seed=0, min_pixels=112 * 112, max_pixels=112 * 112
+    )
     train = counting_parquet(tmp_path / "train.parquet", 8, seed=0)
     val = counting_parquet(tmp_path / "val.parquet", 4, seed=1)
-    cfg = load_config(run_overrides(
-        tmp_path / "run", "task=vision_parquet", f"actor_rollout_ref.model.path={model}",
-        f"task.train_files=[{train}]", f"task.val_files=[{val}]",
-        "data.train_batch_size=4", "data.max_prompt_length=128", "data.max_response_length=8",
-        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.freeze_modules=['visual\\.']", *extra,
-    ))
+    cfg = load_config(
+        run_overrides(
+            tmp_path / "run",
+            "task=vision_parquet",
+            f"actor_rollout_ref.model.path={model}",
+            f"task.train_files=[{train}]",
+            f"task.val_files=[{val}]",
+            "data.train_batch_size=4",
+            "data.max_prompt_length=128",
+            "data.max_response_length=8",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.freeze_modules=['visual\\.']",
+            *extra,
+        )
+    )
     return cfg, val
 
 
@@ -78,24 +98,62 @@ def test_vision_parquet_trains_and_eval_vlm_prints_accuracy(tmp_path, capsys):
     assert np.isfinite(result.series("actor/pg_loss")).all()
 
     out = tmp_path / "eval.json"
-    assert cli.main(["eval-vlm", "--checkpoint", str(tmp_path / "run" / "actor"), "--parquet", str(val),
-                     "--max-prompt-length", "128", "--max-response-length", "8", "--output", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "eval-vlm",
+                "--checkpoint",
+                str(tmp_path / "run" / "actor"),
+                "--parquet",
+                str(val),
+                "--max-prompt-length",
+                "128",
+                "--max-response-length",
+                "8",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "accuracy:" in printed and "/4, math_answer, greedy decoding" in printed
     report = json.loads(out.read_text())
     assert report["num_samples"] == 4 and 0.0 <= report["accuracy"] <= 1.0
     # `mmrl eval` with --parquet is the same command.
-    assert cli.main(["eval", "--checkpoint", str(tmp_path / "run" / "actor"), "--parquet", str(val),
-                     "--max-prompt-length", "128", "--max-response-length", "8"]) == 0
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--checkpoint",
+                str(tmp_path / "run" / "actor"),
+                "--parquet",
+                str(val),
+                "--max-prompt-length",
+                "128",
+                "--max-response-length",
+                "8",
+            ]
+        )
+        == 0
+    )
     assert f"accuracy: {report['accuracy']:.4f}" in capsys.readouterr().out
 
 
 @pytest.mark.slow
 def test_vision_parquet_through_two_ray_workers(tmp_path):
-    """The same run on the Ray hybrid engine: two FSDP workers, each with half of every VLM Batch."""
+    """The same run on the Ray hybrid engine: two FSDP workers, each with half of every VLM
+    Batch."""
     pytest.importorskip("ray")
-    cfg, _ = parquet_run(tmp_path, "trainer.total_steps=2", "trainer.test_freq=0", "trainer.val_before_train=false",
-                         "trainer.n_workers_per_node=2", "trainer.ray_object_store_mb=512", "trainer.dist_timeout_s=120")
+    cfg, _ = parquet_run(
+        tmp_path,
+        "trainer.total_steps=2",
+        "trainer.test_freq=0",
+        "trainer.val_before_train=false",
+        "trainer.n_workers_per_node=2",
+        "trainer.ray_object_store_mb=512",
+        "trainer.dist_timeout_s=120",
+    )
     result = fit(cfg)
     assert np.isfinite(result.series("actor/pg_loss")).all()
     assert max(result.series("rollout/logprob_diff_max")) < 1e-3

@@ -7,6 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
+from mmrl.config import DataConfig
 from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
 from mmrl.models.vlm import (
     generate_vlm,
@@ -16,7 +17,6 @@ from mmrl.models.vlm import (
 )
 from mmrl.processors import (
     VisionProcessor,
-    VisionProcessorConfig,
     VisionSample,
     VisionTokenMismatchError,
     chat_prompt,
@@ -31,7 +31,7 @@ def setup(tmp_path_factory):
 
     path = build_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny_vlm"), seed=1)
     model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True).eval()
-    proc = VisionProcessor.from_pretrained(path, VisionProcessorConfig(max_prompt_length=80))
+    proc = VisionProcessor.from_pretrained(path, DataConfig(max_prompt_length=80))
     return model, proc
 
 
@@ -40,16 +40,21 @@ def image(h: int, w: int, seed: int) -> Image.Image:
 
 
 def mixed_prompts(proc: VisionProcessor) -> Batch:
-    """Image, text-only, two images, video, image + video: different lengths, so different padding."""
+    """Image, text-only, two images, video, image + video: different lengths, so different
+    padding."""
     p, rng = proc.processor, np.random.default_rng(0)
     video = rng.integers(0, 255, (4, 56, 56, 3), dtype=np.uint8)
-    return proc.encode([
-        VisionSample(chat_prompt(p, "<image>How many?"), [image(60, 90, 0)]),
-        VisionSample(chat_prompt(p, "Only text in this prompt")),
-        VisionSample(chat_prompt(p, "<image> or <image>?"), [image(112, 112, 1), image(40, 80, 2)]),
-        VisionSample(chat_prompt(p, "<video>Moves?"), videos=[video]),
-        VisionSample(chat_prompt(p, "<image><video>"), [image(56, 56, 3)], [video]),
-    ])
+    return proc.encode(
+        [
+            VisionSample(chat_prompt(p, "<image>How many?"), [image(60, 90, 0)]),
+            VisionSample(chat_prompt(p, "Only text in this prompt")),
+            VisionSample(
+                chat_prompt(p, "<image> or <image>?"), [image(112, 112, 1), image(40, 80, 2)]
+            ),
+            VisionSample(chat_prompt(p, "<video>Moves?"), videos=[video]),
+            VisionSample(chat_prompt(p, "<image><video>"), [image(56, 56, 3)], [video]),
+        ]
+    )
 
 
 def with_responses(prompts: Batch, seed: int = 0, length: int = 6, vocab: int = 256) -> Batch:
@@ -71,8 +76,12 @@ def unpadded(batch: Batch, i: int) -> Batch:
     """Row ``i`` alone, with its left padding removed."""
     n = int(batch["attention_mask"][i].sum())
     return Batch.from_dict(
-        {"input_ids": batch["input_ids"][i : i + 1, -n:], "attention_mask": batch["attention_mask"][i : i + 1, -n:],
-         "position_ids": batch["position_ids"][i : i + 1, :, -n:], "responses": batch["responses"][i : i + 1]},
+        {
+            "input_ids": batch["input_ids"][i : i + 1, -n:],
+            "attention_mask": batch["attention_mask"][i : i + 1, -n:],
+            "position_ids": batch["position_ids"][i : i + 1, :, -n:],
+            "responses": batch["responses"][i : i + 1],
+        },
         {"multi_modal_inputs": batch["multi_modal_inputs"][i : i + 1]},
     )
 
@@ -82,7 +91,9 @@ def test_batched_log_probs_equal_per_sample_log_probs(setup):
     model, proc = setup
     batch = with_responses(mixed_prompts(proc))
     batched, _ = vlm_response_log_probs(model, batch)
-    single = torch.cat([vlm_response_log_probs(model, unpadded(batch, i))[0] for i in range(len(batch))])
+    single = torch.cat(
+        [vlm_response_log_probs(model, unpadded(batch, i))[0] for i in range(len(batch))]
+    )
     assert batched.shape == (5, 6)
     torch.testing.assert_close(batched, single, atol=1e-5, rtol=0)
     # Micro-batches (how the actor splits) give the same numbers.
@@ -101,9 +112,13 @@ def test_forward_matches_the_models_own_position_computation(setup):
 
     model.model.rope_deltas = None
     theirs = model(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-        mm_token_type_ids=mm_token_type_ids(batch["input_ids"], proc.image_token_id, proc.video_token_id),
-        **visual_model_inputs(model, batch), use_cache=False,
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        mm_token_type_ids=mm_token_type_ids(
+            batch["input_ids"], proc.image_token_id, proc.video_token_id
+        ),
+        **visual_model_inputs(model, batch),
+        use_cache=False,
     ).logits
     mask = batch["attention_mask"].bool()
     torch.testing.assert_close(ours[mask], theirs[mask], atol=1e-5, rtol=0)
@@ -124,7 +139,10 @@ def test_mismatch_is_raised_before_the_model_runs(setup):
     calls = []
     handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
     try:
-        with pytest.raises(VisionTokenMismatchError, match=r"sample 0: 6 image tokens in input_ids but \d+ image features"):
+        with pytest.raises(
+            VisionTokenMismatchError,
+            match=r"sample 0: 6 image tokens in input_ids but \d+ image features",
+        ):
             vlm_forward_logits(model, batch)
     finally:
         handle.remove()
@@ -152,19 +170,25 @@ def test_generate_log_probs_match_training_recompute(setup):
     with torch.no_grad():
         recomputed = vlm_response_log_probs(model, text_only)[0]
     mask = text_only["response_mask"].bool()
-    torch.testing.assert_close(recomputed[mask], text_only["rollout_log_probs"][mask], atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        recomputed[mask], text_only["rollout_log_probs"][mask], atol=1e-4, rtol=0
+    )
 
 
 def test_sampled_vision_token_in_a_response_is_an_error(setup):
     model, proc = setup
     batch = with_responses(mixed_prompts(proc))
     batch["responses"][3, 2] = proc.image_token_id
-    with pytest.raises(ValueError, match=rf"sample 3: response token 2 is the vision token id {proc.image_token_id}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"sample 3: response token 2 is the vision token id {proc.image_token_id}",
+    ):
         vlm_response_log_probs(model, batch)
 
 
 def test_qwen2_5_vl_video_positions_match_the_model(tmp_path):
-    """Qwen2.5-VL spaces video frames in time (second_per_grid_ts); the processor must pass it on."""
+    """Qwen2.5-VL spaces video frames in time (second_per_grid_ts); the processor must pass it
+    on."""
     from transformers import (
         Qwen2_5_VLConfig,
         Qwen2_5_VLForConditionalGeneration,
@@ -174,39 +198,61 @@ def test_qwen2_5_vl_video_positions_match_the_model(tmp_path):
     from mmrl.models.tiny_vlm import DEFAULT_TEXT, build_tiny_qwen2_vl_processor
 
     base = build_tiny_qwen2_vl_processor(56 * 56, 112 * 112)
-    processor = Qwen2_5_VLProcessor(base.image_processor, base.tokenizer, base.video_processor,
-                                    chat_template=base.chat_template)
+    processor = Qwen2_5_VLProcessor(
+        base.image_processor, base.tokenizer, base.video_processor, chat_template=base.chat_template
+    )
     tok = processor.tokenizer
     ids = tok.convert_tokens_to_ids
     config = Qwen2_5_VLConfig(
         text_config={**DEFAULT_TEXT, "vocab_size": len(tok), "pad_token_id": tok.pad_token_id},
-        vision_config={"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
-                       "fullatt_block_indexes": [0], "window_size": 56, "tokens_per_second": 2},
-        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+        vision_config={
+            "depth": 1,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 64,
+            "fullatt_block_indexes": [0],
+            "window_size": 56,
+            "tokens_per_second": 2,
+        },
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
     )
     torch.manual_seed(0)
     model = Qwen2_5_VLForConditionalGeneration(config)
     model.save_pretrained(tmp_path)
     processor.save_pretrained(tmp_path)
-    proc = VisionProcessor.from_pretrained(tmp_path, VisionProcessorConfig(max_prompt_length=64, video_fps=1.0))
+    proc = VisionProcessor.from_pretrained(
+        tmp_path, DataConfig(max_prompt_length=64, video_fps=1.0)
+    )
     assert type(proc.processor).__name__ == "Qwen2_5_VLProcessor"
     video = np.random.default_rng(0).integers(0, 255, (4, 56, 56, 3), dtype=np.uint8)
-    batch = proc.encode([VisionSample(chat_prompt(proc.processor, "<video>?"), videos=[video]),
-                         VisionSample(chat_prompt(proc.processor, "<image>!"), [image(56, 56, 0)])])
+    batch = proc.encode(
+        [
+            VisionSample(chat_prompt(proc.processor, "<video>?"), videos=[video]),
+            VisionSample(chat_prompt(proc.processor, "<image>!"), [image(56, 56, 0)]),
+        ]
+    )
     mm = batch["multi_modal_inputs"][0]
     assert mm["second_per_grid_ts"].tolist() == [2.0]  # temporal patch 2 / 1 fps
     from mmrl.models.vlm_inputs import collate_multi_modal, mm_token_type_ids
 
     collated = collate_multi_modal(batch["multi_modal_inputs"])
     expected, _ = model.model.get_rope_index(
-        batch["input_ids"], mm_token_type_ids(batch["input_ids"], proc.image_token_id, proc.video_token_id),
-        image_grid_thw=collated["image_grid_thw"], video_grid_thw=collated["video_grid_thw"],
-        second_per_grid_ts=collated["second_per_grid_ts"], attention_mask=batch["attention_mask"],
+        batch["input_ids"],
+        mm_token_type_ids(batch["input_ids"], proc.image_token_id, proc.video_token_id),
+        image_grid_thw=collated["image_grid_thw"],
+        video_grid_thw=collated["video_grid_thw"],
+        second_per_grid_ts=collated["second_per_grid_ts"],
+        attention_mask=batch["attention_mask"],
     )
     assert torch.equal(batch["position_ids"], expected.transpose(0, 1))
     video_rows = batch["position_ids"][0, 0][batch["input_ids"][0] == proc.video_token_id]
-    assert video_rows.unique().numel() == 2 and int(video_rows.max() - video_rows.min()) == 4  # 2 s * 2 tokens/s
+    assert (
+        video_rows.unique().numel() == 2 and int(video_rows.max() - video_rows.min()) == 4
+    )  # 2 s * 2 tokens/s
     with torch.no_grad():
         single = vlm_forward_logits(model.eval(), batch[0:1])
         both = vlm_forward_logits(model, batch)

@@ -11,12 +11,12 @@ import pytest
 import torch
 from PIL import Image
 
+from mmrl.config import DataConfig
 from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
 from mmrl.models.vlm_inputs import check_vision_tokens, mm_token_type_ids
 from mmrl.processors import (
     PromptTooLongError,
     VisionProcessor,
-    VisionProcessorConfig,
     VisionSample,
     VisionTokenMismatchError,
     chat_prompt,
@@ -41,7 +41,9 @@ def tiny_model(tiny_dir):
 
 
 def make_processor(tiny_dir, **overrides) -> VisionProcessor:
-    return VisionProcessor.from_pretrained(tiny_dir, VisionProcessorConfig(**{"max_prompt_length": 96, **overrides}))
+    return VisionProcessor.from_pretrained(
+        tiny_dir, DataConfig(**{"max_prompt_length": 96, **overrides})
+    )
 
 
 def image(h: int, w: int, seed: int = 0) -> Image.Image:
@@ -72,7 +74,10 @@ def mixed_samples(proc: VisionProcessor, video) -> list[VisionSample]:
     return [
         VisionSample(chat_prompt(p, "<image>How many?"), [image(60, 90)]),
         VisionSample(chat_prompt(p, "Just text")),
-        VisionSample(chat_prompt(p, "<image> vs <image>: which is larger?"), [png_bytes(112, 112, 1), image(40, 80, 2)]),
+        VisionSample(
+            chat_prompt(p, "<image> vs <image>: which is larger?"),
+            [png_bytes(112, 112, 1), image(40, 80, 2)],
+        ),
         VisionSample(chat_prompt(p, "<video>What moves?"), videos=[video]),
         VisionSample(chat_prompt(p, "<image><video>Both"), [image(56, 56, 3)], [video]),
     ]
@@ -93,7 +98,11 @@ def test_tiny_model_and_processor_reload_with_auto_classes(tiny_dir, tiny_model)
     for name in ("<|vision_start|>", "<|image_pad|>", "<|video_pad|>", "<|vision_end|>"):
         assert tok.convert_tokens_to_ids(name) != tok.unk_token_id
     assert tiny_model.config.image_token_id == tok.convert_tokens_to_ids("<|image_pad|>")
-    assert tiny_model.config.text_config.hidden_size // tiny_model.config.text_config.num_attention_heads == 64
+    assert (
+        tiny_model.config.text_config.hidden_size
+        // tiny_model.config.text_config.num_attention_heads
+        == 64
+    )
     text = chat_prompt(processor, "<image>Count")
     assert text.startswith("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Count")
     assert text.endswith("<|im_start|>assistant\n")
@@ -111,8 +120,11 @@ def test_encode_mixed_batch_layout_and_model_rope_index(tiny_dir, tiny_model, vi
     types = mm_token_type_ids(batch["input_ids"], proc.image_token_id, proc.video_token_id)
     mm = collate_multi_modal(batch["multi_modal_inputs"])
     expected, _ = tiny_model.model.get_rope_index(
-        batch["input_ids"], mm_token_type_ids=types, image_grid_thw=mm["image_grid_thw"],
-        video_grid_thw=mm["video_grid_thw"], attention_mask=mask,
+        batch["input_ids"],
+        mm_token_type_ids=types,
+        image_grid_thw=mm["image_grid_thw"],
+        video_grid_thw=mm["video_grid_thw"],
+        attention_mask=mask,
     )
     assert torch.equal(batch["position_ids"], expected.transpose(0, 1))
     # Vision tokens get 3-D positions: the rows differ inside an image, not in text.
@@ -120,7 +132,13 @@ def test_encode_mixed_batch_layout_and_model_rope_index(tiny_dir, tiny_model, vi
     is_image = batch["input_ids"][0][mask[0].bool()] == proc.image_token_id
     assert not torch.equal(row0[1, is_image], row0[2, is_image])
     assert torch.equal(row0[0, ~is_image], row0[1, ~is_image])
-    assert mm["num_images"].tolist() == [1, 0, 2, 0, 1] and mm["num_videos"].tolist() == [0, 0, 0, 1, 1]
+    assert mm["num_images"].tolist() == [1, 0, 2, 0, 1] and mm["num_videos"].tolist() == [
+        0,
+        0,
+        0,
+        1,
+        1,
+    ]
     assert batch.non_tensor["multi_modal_inputs"][1] == {}
     assert batch.meta == {"num_filtered_prompts": 0, "num_truncated_prompts": 0}
 
@@ -132,7 +150,9 @@ def test_video_is_sampled_to_fps_and_frame_limits(tiny_dir, video_path):
     assert read_video(str(video_path), 2.0, 2, 4)[0].shape[0] == 4
     assert read_video(video_path.read_bytes(), 1.0, 2, 16)[0].shape[0] == 2  # bytes work too
     proc = make_processor(tiny_dir, video_fps=2.0, video_max_frames=4)
-    out = proc.process(VisionSample(chat_prompt(proc.processor, "<video>?"), videos=[str(video_path)]))
+    out = proc.process(
+        VisionSample(chat_prompt(proc.processor, "<video>?"), videos=[str(video_path)])
+    )
     assert out.multi_modal_inputs["video_grid_thw"][0, 0] == 2  # 4 frames / temporal patch 2
 
 
@@ -150,7 +170,9 @@ def test_pixel_limits_bound_vision_tokens(tiny_dir):
 def test_truncation_drops_text_never_vision_tokens(tiny_dir):
     proc = make_processor(tiny_dir, max_prompt_length=40, truncation="left")
     long_text = "word " * 20
-    sample = VisionSample(chat_prompt(proc.processor, f"{long_text}<image>{long_text}"), [image(112, 112)])
+    sample = VisionSample(
+        chat_prompt(proc.processor, f"{long_text}<image>{long_text}"), [image(112, 112)]
+    )
     full = make_processor(tiny_dir, max_prompt_length=400).process(sample).input_ids
     batch = proc.encode([sample])
     ids = batch["input_ids"][0]
@@ -166,10 +188,14 @@ def test_truncation_drops_text_never_vision_tokens(tiny_dir):
 
 def test_prompt_whose_vision_tokens_do_not_fit_errors_or_is_filtered(tiny_dir):
     def sample(p: VisionProcessor) -> VisionSample:  # 2 x 16 vision tokens: more than 30 alone
-        return VisionSample(chat_prompt(p.processor, "<image><image>two"), [image(112, 112), image(112, 112)])
+        return VisionSample(
+            chat_prompt(p.processor, "<image><image>two"), [image(112, 112), image(112, 112)]
+        )
 
     proc = make_processor(tiny_dir, max_prompt_length=30, truncation="left")
-    with pytest.raises(PromptTooLongError, match=r"sample 0: prompt has \d+ tokens \(32 of them vision tokens\)"):
+    with pytest.raises(
+        PromptTooLongError, match=r"sample 0: prompt has \d+ tokens \(32 of them vision tokens\)"
+    ):
         proc.encode([sample(proc)])
     proc = make_processor(tiny_dir, max_prompt_length=30, filter_overlong_prompts=True)
     short = VisionSample(chat_prompt(proc.processor, "hi"))
@@ -180,18 +206,30 @@ def test_prompt_whose_vision_tokens_do_not_fit_errors_or_is_filtered(tiny_dir):
 
 def test_placeholder_count_must_match_media(tiny_dir):
     proc = make_processor(tiny_dir)
-    with pytest.raises(ValueError, match=r"sample 7: prompt has 1 <\|image_pad\|> placeholders but 2 images"):
-        proc.encode([VisionSample(chat_prompt(proc.processor, "<image>"), [image(56, 56), image(56, 56)])], sample_ids=[7])
+    with pytest.raises(
+        ValueError, match=r"sample 7: prompt has 1 <\|image_pad\|> placeholders but 2 images"
+    ):
+        proc.encode(
+            [VisionSample(chat_prompt(proc.processor, "<image>"), [image(56, 56), image(56, 56)])],
+            sample_ids=[7],
+        )
 
 
 def test_token_feature_mismatch_is_caught_with_sample_numbers_and_cause(tiny_dir):
     proc = make_processor(tiny_dir)
-    batch = proc.encode([VisionSample(chat_prompt(proc.processor, "<image>a"), [image(112, 112)]),
-                         VisionSample(chat_prompt(proc.processor, "<image>b"), [image(56, 56)])])
+    batch = proc.encode(
+        [
+            VisionSample(chat_prompt(proc.processor, "<image>a"), [image(112, 112)]),
+            VisionSample(chat_prompt(proc.processor, "<image>b"), [image(56, 56)]),
+        ]
+    )
     rows = list(batch["multi_modal_inputs"])
     args = (proc.image_token_id, proc.video_token_id, proc.merge_size)
     check_vision_tokens(batch["input_ids"], rows, *args)  # consistent
-    with pytest.raises(VisionTokenMismatchError, match=r"sample 1: 4 image tokens in input_ids but 16 image features"):
+    with pytest.raises(
+        VisionTokenMismatchError,
+        match=r"sample 1: 4 image tokens in input_ids but 16 image features",
+    ):
         check_vision_tokens(batch["input_ids"], [rows[0], rows[0]], *args)  # features swapped
     cut = batch["input_ids"].clone()
     cut[0, cut[0] == proc.image_token_id] = proc.pad_token_id
@@ -199,7 +237,9 @@ def test_token_feature_mismatch_is_caught_with_sample_numbers_and_cause(tiny_dir
     with pytest.raises(VisionTokenMismatchError, match="truncated through its vision tokens"):
         check_vision_tokens(cut, rows, *args)
     bad = dict(rows[1], pixel_values=rows[1]["pixel_values"][:-1])
-    with pytest.raises(VisionTokenMismatchError, match="pixel_values has 15 rows but image_grid_thw implies 16"):
+    with pytest.raises(
+        VisionTokenMismatchError, match="pixel_values has 15 rows but image_grid_thw implies 16"
+    ):
         check_vision_tokens(batch["input_ids"], [rows[0], bad], *args)
 
 
@@ -216,7 +256,9 @@ def test_collate_and_split_round_trip_over_micro_batches(tiny_dir, video_path):
         assert all(torch.equal(a[k], b[k]) for k in a)
     # Micro-batches of the Batch collate to consecutive pieces of the full collation.
     parts = [collate_multi_modal(mb["multi_modal_inputs"]) for mb in batch.split(2)]
-    assert torch.equal(torch.cat([p["pixel_values"] for p in parts if "pixel_values" in p]), full["pixel_values"])
+    assert torch.equal(
+        torch.cat([p["pixel_values"] for p in parts if "pixel_values" in p]), full["pixel_values"]
+    )
     assert torch.equal(torch.cat([p["num_images"] for p in parts]), full["num_images"])
 
 
@@ -233,7 +275,10 @@ def test_cache_shares_one_processed_copy_per_prompt(tiny_dir):
     proc = make_processor(tiny_dir)
     prompt = chat_prompt(proc.processor, "<image>count")
     data = png_bytes(112, 112)
-    batch = proc.encode([VisionSample(prompt, [data]) for _ in range(4)] + [VisionSample(prompt, [png_bytes(112, 112, 9)])])
+    batch = proc.encode(
+        [VisionSample(prompt, [data]) for _ in range(4)]
+        + [VisionSample(prompt, [png_bytes(112, 112, 9)])]
+    )
     mm = batch["multi_modal_inputs"]
     assert all(mm[i] is mm[0] for i in range(4)) and mm[4] is not mm[0]
     assert proc.cache_info()["hits"] == 3 and proc.cache_info()["misses"] == 2
@@ -244,7 +289,9 @@ def test_cache_shares_one_processed_copy_per_prompt(tiny_dir):
     again = nocache.encode([VisionSample(prompt, [data]) for _ in range(2)])["multi_modal_inputs"]
     assert again[0] is not again[1] and torch.equal(again[0]["pixel_values"], mm[0]["pixel_values"])
     keyed = make_processor(tiny_dir)
-    keyed.encode([VisionSample(prompt, [data], key="train/0"), VisionSample(prompt, [data], key="train/0")])
+    keyed.encode(
+        [VisionSample(prompt, [data], key="train/0"), VisionSample(prompt, [data], key="train/0")]
+    )
     assert keyed.cache_info()["hits"] == 1
 
 
@@ -262,9 +309,16 @@ def test_raw_media_is_dropped_unless_kept(tiny_dir, keep):
 
 def test_batch_with_visual_inputs_saves_and_loads(tiny_dir, tmp_path):
     proc = make_processor(tiny_dir)
-    batch = proc.encode([VisionSample(chat_prompt(proc.processor, "<image>a"), [image(56, 56)]),
-                         VisionSample(chat_prompt(proc.processor, "b"))])
+    batch = proc.encode(
+        [
+            VisionSample(chat_prompt(proc.processor, "<image>a"), [image(56, 56)]),
+            VisionSample(chat_prompt(proc.processor, "b")),
+        ]
+    )
     batch.save(tmp_path / "b")
     loaded = Batch.load(tmp_path / "b")
     assert torch.equal(loaded["position_ids"], batch["position_ids"])
-    assert torch.equal(loaded["multi_modal_inputs"][0]["pixel_values"], batch["multi_modal_inputs"][0]["pixel_values"])
+    assert torch.equal(
+        loaded["multi_modal_inputs"][0]["pixel_values"],
+        batch["multi_modal_inputs"][0]["pixel_values"],
+    )

@@ -7,13 +7,13 @@ import pytest
 import torch
 from PIL import Image
 
-from mmrl.config import ActorConfig
+from mmrl.config import ActorConfig, DataConfig
 from mmrl.hybrid import actor as actor_fns
 from mmrl.models.freeze import freeze_modules
 from mmrl.models.responses import finish_rollout
 from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
 from mmrl.models.vlm import generate_vlm, vlm_response_log_probs
-from mmrl.processors import VisionProcessor, VisionProcessorConfig, VisionSample, chat_prompt
+from mmrl.processors import VisionProcessor, VisionSample, chat_prompt
 from mmrl.sampling import SamplingParams
 
 
@@ -23,19 +23,24 @@ def setup(tmp_path_factory):
 
     path = build_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny_vlm"), seed=2)
     model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True)
-    proc = VisionProcessor.from_pretrained(path, VisionProcessorConfig(max_prompt_length=64))
+    proc = VisionProcessor.from_pretrained(path, DataConfig(max_prompt_length=64))
     return model, proc
 
 
 def prompts(proc: VisionProcessor, n: int = 1):
     """An image prompt, a two-image prompt and a text-only prompt, each repeated ``n`` times."""
     rng, p = np.random.default_rng(0), proc.processor
-    image = lambda h, w: Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))  # noqa: E731
-    batch = proc.encode([
-        VisionSample(chat_prompt(p, "<image>How many?"), [image(56, 84)]),
-        VisionSample(chat_prompt(p, "<image><image>Same?"), [image(56, 56), image(112, 56)]),
-        VisionSample(chat_prompt(p, "Just text")),
-    ])
+
+    def image(h, w):
+        return Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+
+    batch = proc.encode(
+        [
+            VisionSample(chat_prompt(p, "<image>How many?"), [image(56, 84)]),
+            VisionSample(chat_prompt(p, "<image><image>Same?"), [image(56, 56), image(112, 56)]),
+            VisionSample(chat_prompt(p, "Just text")),
+        ]
+    )
     return batch.repeat(n, interleave=True)
 
 
@@ -43,11 +48,16 @@ def test_finish_rollout_extends_mrope_positions_and_shares_visual_inputs(setup):
     _, proc = setup
     batch = prompts(proc, n=4)
     responses = torch.tensor([[5, 6, 7, proc.eos_token_id, 9]] * len(batch))
-    out = finish_rollout(batch, responses, torch.zeros(responses.shape), {proc.eos_token_id}, proc.pad_token_id)
+    out = finish_rollout(
+        batch, responses, torch.zeros(responses.shape), {proc.eos_token_id}, proc.pad_token_id
+    )
     P, T = batch["input_ids"].shape[1], responses.shape[1]
     assert out["position_ids"].shape == (len(batch), 3, P + T)
     start = batch["position_ids"].amax(dim=(1, 2)) + 1
-    assert torch.equal(out["position_ids"][:, :, P:], (start[:, None] + torch.arange(T)).unsqueeze(1).expand(-1, 3, -1))
+    assert torch.equal(
+        out["position_ids"][:, :, P:],
+        (start[:, None] + torch.arange(T)).unsqueeze(1).expand(-1, 3, -1),
+    )
     assert out["response_mask"][0].tolist() == [1, 1, 1, 1, 0]
     # The n rollouts of a prompt and the prompt itself hold one processed copy of its pixels.
     mm = out["multi_modal_inputs"]
@@ -56,7 +66,8 @@ def test_finish_rollout_extends_mrope_positions_and_shares_visual_inputs(setup):
 
 
 def test_hf_rollout_and_actor_agree_on_vlm_batches(setup):
-    """generate -> the actor's recomputed log-probs, in micro-batches, equal the sampling log-probs."""
+    """generate -> the actor's recomputed log-probs, in micro-batches, equal the sampling
+    log-probs."""
     from mmrl.rollout.hf import HFRollout
 
     model, proc = setup
@@ -84,12 +95,19 @@ def test_freeze_modules_freezes_by_regex_and_the_update_leaves_them(setup):
 
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    batch = generate_vlm(model, prompts(proc, n=2), SamplingParams(max_tokens=4, seed=0),
-                         proc.eos_token_id, proc.pad_token_id)
+    batch = generate_vlm(
+        model,
+        prompts(proc, n=2),
+        SamplingParams(max_tokens=4, seed=0),
+        proc.eos_token_id,
+        proc.pad_token_id,
+    )
     batch["old_log_probs"] = batch["rollout_log_probs"]
     batch["advantages"] = torch.randn(batch["response_mask"].shape)
     batch["valid_mask"] = torch.ones(len(batch), dtype=torch.bool)
     cfg = ActorConfig(use_kl_loss=False, ppo_micro_batch_size=2)
-    actor_fns.update_policy(model, optimizer, batch, cfg, mini_batch_size=len(batch), temperature=1.0, seed=0)
+    actor_fns.update_policy(
+        model, optimizer, batch, cfg, mini_batch_size=len(batch), temperature=1.0, seed=0
+    )
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and not changed & set(frozen)

@@ -12,9 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
+from mmrl.config import DataConfig
 from mmrl.hybrid import actor as actor_fns
 from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
-from mmrl.processors import VisionProcessor, VisionProcessorConfig, VisionSample, chat_prompt
+from mmrl.processors import VisionProcessor, VisionSample, chat_prompt
 from mmrl.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -29,23 +30,39 @@ def engine(tmp_path_factory):
 
     path = build_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny_vlm"), seed=3)
     actor = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True).eval()
-    proc = VisionProcessor.from_pretrained(path, VisionProcessorConfig(max_prompt_length=64, keep_raw_media=True))
+    proc = VisionProcessor.from_pretrained(
+        path, DataConfig(max_prompt_length=64, keep_raw_media=True)
+    )
     cfg = RolloutConfig(name="vllm", dtype="float32", kv_cache_memory_gib=0.125)
-    rollout = VLLMRollout(model=actor, tokenizer=proc.tokenizer, model_path=str(path), cfg=cfg, max_model_len=96)
+    rollout = VLLMRollout(
+        model=actor, tokenizer=proc.tokenizer, model_path=str(path), cfg=cfg, max_model_len=96
+    )
     return actor, proc, rollout
 
 
 def prompts(proc: VisionProcessor):
     rng, p = np.random.default_rng(0), proc.processor
-    image = lambda h, w: Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))  # noqa: E731
+
+    def image(h, w):
+        return Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+
     png = image(112, 112)
-    return proc.encode([
-        VisionSample(chat_prompt(p, "<image>How many?"), [image(56, 84)]),
-        VisionSample(chat_prompt(p, "<image><image>Same?"), [png, image(112, 56)]),
-        VisionSample(chat_prompt(p, "Just text")),
-        VisionSample(chat_prompt(p, "<video>What moves?"), videos=[rng.integers(0, 255, (4, 56, 84, 3), dtype=np.uint8)]),
-        VisionSample(chat_prompt(p, "<image>then<video>"), [image(56, 56)], [rng.integers(0, 255, (2, 56, 56, 3), dtype=np.uint8)]),
-    ]).repeat(2, interleave=True)
+    return proc.encode(
+        [
+            VisionSample(chat_prompt(p, "<image>How many?"), [image(56, 84)]),
+            VisionSample(chat_prompt(p, "<image><image>Same?"), [png, image(112, 56)]),
+            VisionSample(chat_prompt(p, "Just text")),
+            VisionSample(
+                chat_prompt(p, "<video>What moves?"),
+                videos=[rng.integers(0, 255, (4, 56, 84, 3), dtype=np.uint8)],
+            ),
+            VisionSample(
+                chat_prompt(p, "<image>then<video>"),
+                [image(56, 56)],
+                [rng.integers(0, 255, (2, 56, 56, 3), dtype=np.uint8)],
+            ),
+        ]
+    ).repeat(2, interleave=True)
 
 
 def assert_actor_agrees(actor, rollout, batch, seed: int) -> None:

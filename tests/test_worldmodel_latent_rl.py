@@ -28,12 +28,14 @@ def random_policy(seed: int = 0) -> GaussianLatentPolicy:
 
 def prompts(b: int = 3, f: int = 3) -> Batch:
     g = torch.Generator().manual_seed(0)
-    return Batch.from_dict({
-        "context_latents": torch.randn(b, 2, 4, 8, 8, generator=g),
-        "actions": torch.rand(b, 2 + f - 1, 2, generator=g) * 2 - 1,
-        "attention_mask": torch.ones(b, 2, dtype=torch.long),
-        "position_ids": torch.arange(2).expand(b, 2).clone(),
-    })
+    return Batch.from_dict(
+        {
+            "context_latents": torch.randn(b, 2, 4, 8, 8, generator=g),
+            "actions": torch.rand(b, 2 + f - 1, 2, generator=g) * 2 - 1,
+            "attention_mask": torch.ones(b, 2, dtype=torch.long),
+            "position_ids": torch.arange(2).expand(b, 2).clone(),
+        }
+    )
 
 
 def sampling(f: int = 3, **kw) -> SamplingParams:
@@ -42,7 +44,9 @@ def sampling(f: int = 3, **kw) -> SamplingParams:
 
 def test_latent_rollout_samples_autoregressively_with_exact_log_densities():
     policy = random_policy()
-    engine = get_rollout("latent")(model=policy, tokenizer=None, model_path="", cfg=None, max_model_len=0)
+    engine = get_rollout("latent")(
+        model=policy, tokenizer=None, model_path="", cfg=None, max_model_len=0
+    )
     batch = prompts()
     out = engine.generate(batch, sampling(temperature=0.7))
     z = out["response_latents"]
@@ -52,14 +56,24 @@ def test_latent_rollout_samples_autoregressively_with_exact_log_densities():
     seq = torch.cat([batch["context_latents"], z], 1)
     for f in range(3):
         mean, log_std = policy(seq[:, f : f + 2], batch["actions"][:, f : f + 2])
-        ref = torch.distributions.Normal(mean, 0.7 * log_std.exp()).log_prob(z[:, f]).flatten(1).sum(1)
+        ref = (
+            torch.distributions.Normal(mean, 0.7 * log_std.exp())
+            .log_prob(z[:, f])
+            .flatten(1)
+            .sum(1)
+        )
         assert torch.allclose(out["rollout_log_probs"][:, f], ref, rtol=1e-5, atol=1e-3)
     # The actor's recomputation (teacher-forced, all steps in one forward) agrees.
     recomputed = compute_log_probs(policy, out, micro_batch_size=2, temperature=0.7)
     assert (recomputed - out["rollout_log_probs"]).abs().max() < 1e-3
     _, entropy = forward_response_log_probs(policy, out, 0.7, with_entropy=True)
     _, log_std = policy.step_distributions(batch["context_latents"], batch["actions"], z)
-    expected = torch.distributions.Normal(torch.zeros_like(log_std), 0.7 * log_std.exp()).entropy().flatten(2).sum(-1)
+    expected = (
+        torch.distributions.Normal(torch.zeros_like(log_std), 0.7 * log_std.exp())
+        .entropy()
+        .flatten(2)
+        .sum(-1)
+    )
     assert torch.allclose(entropy, expected, atol=1e-3)
     # Same seed, same samples; greedy returns the means.
     assert torch.equal(engine.generate(batch, sampling(temperature=0.7))["response_latents"], z)
@@ -89,13 +103,17 @@ def test_policy_shards_with_fsdp2_and_saves_with_its_autoencoder(tmp_path):
     plain = GaussianLatentPolicy.from_pretrained(source)
     sharded = fsdp.shard_model(policy, None)
     out = get_rollout("latent")(model=plain).generate(prompts(), sampling())
-    assert torch.allclose(compute_log_probs(sharded, out, 8, 1.0), out["rollout_log_probs"], atol=1e-3)
+    assert torch.allclose(
+        compute_log_probs(sharded, out, 8, 1.0), out["rollout_log_probs"], atol=1e-3
+    )
     state = fsdp.full_state_dict(sharded, on_every_rank=False)
     sharded.save_pretrained(tmp_path / "saved", state_dict=state)
     again = GaussianLatentPolicy.from_pretrained(tmp_path / "saved")
     assert (tmp_path / "saved" / AUTOENCODER_DIR / "config.json").is_file()
-    assert torch.equal(again(out["context_latents"], out["actions"][:, :2])[0],
-                       plain(out["context_latents"], out["actions"][:, :2])[0])
+    assert torch.equal(
+        again(out["context_latents"], out["actions"][:, :2])[0],
+        plain(out["context_latents"], out["actions"][:, :2])[0],
+    )
 
 
 def test_state_match_reads_states_from_frames():
@@ -110,7 +128,12 @@ def test_state_match_reads_states_from_frames():
     pred = truth.copy()
     pred[2] = moved
     pred[1] = 16  # the background colour everywhere: no state
-    batch = Batch.from_dict({"pred_frames": torch.from_numpy(pred)[:, None], "gt_frames": torch.from_numpy(truth)[:, None]})
+    batch = Batch.from_dict(
+        {
+            "pred_frames": torch.from_numpy(pred)[:, None],
+            "gt_frames": torch.from_numpy(truth)[:, None],
+        }
+    )
     exact = state_match(batch, env="push")
     assert exact.scores.tolist() == [1.0, 0.0, 0.0]
     assert exact.metrics["valid_state"].tolist() == [1.0, 0.0, 1.0]
@@ -118,9 +141,16 @@ def test_state_match_reads_states_from_frames():
 
 
 TINY = (
-    "task=worldmodel_latent", "task.train_trajectories=12", "task.val_trajectories=4", "task.length=8",
-    "task.autoencoder_train.steps=20", "task.pretrain.steps=30", "task.pretrain.val_every=30",
-    "task.val_windows=8", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
+    "task=worldmodel_latent",
+    "task.train_trajectories=12",
+    "task.val_trajectories=4",
+    "task.length=8",
+    "task.autoencoder_train.steps=20",
+    "task.pretrain.steps=30",
+    "task.pretrain.val_every=30",
+    "task.val_windows=8",
+    "data.train_batch_size=4",
+    "actor_rollout_ref.rollout.n=4",
     "actor_rollout_ref.actor.ppo_mini_batch_size=2",
 )
 
@@ -130,12 +160,27 @@ def test_train_worldmodel_latent_runs_steps(tmp_path_factory):
     from mmrl.trainer.fit import fit
 
     work, out = tmp_path_factory.mktemp("wm_latent"), tmp_path_factory.mktemp("run")
-    cfg = load_config(run_overrides(out, *TINY, f"task.work_dir={work}", "trainer.total_steps=2", "trainer.test_freq=2"))
+    cfg = load_config(
+        run_overrides(
+            out, *TINY, f"task.work_dir={work}", "trainer.total_steps=2", "trainer.test_freq=2"
+        )
+    )
     result = fit(cfg)
     row = result.history[-1]
-    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "val/score/mean",
-                "val/psnr/mean", "val/ssim/mean", "val/lpips/mean", "val/state_match/mean",
-                "val/greedy/score/mean", "val/greedy/psnr/mean", "val/greedy/state_match/mean"):
+    for key in (
+        "actor/pg_loss",
+        "actor/kl_loss",
+        "actor/entropy",
+        "actor/grad_norm",
+        "val/score/mean",
+        "val/psnr/mean",
+        "val/ssim/mean",
+        "val/lpips/mean",
+        "val/state_match/mean",
+        "val/greedy/score/mean",
+        "val/greedy/psnr/mean",
+        "val/greedy/state_match/mean",
+    ):
         assert np.isfinite(row[key]), key
     assert row["response_length/mean"] == 2 and row["prompt_length/mean"] == 2
     assert max(result.series("rollout/logprob_diff_max")) < 1e-3
@@ -146,9 +191,16 @@ def test_train_worldmodel_latent_runs_steps(tmp_path_factory):
 
 
 SHORT = (
-    "task=worldmodel_latent", "task.train_trajectories=64", "task.val_trajectories=16",
-    "task.autoencoder_train.steps=200", "task.pretrain.steps=300", "task.val_windows=32",
-    "actor_rollout_ref.rollout.n=8", "trainer.total_steps=30", "trainer.test_freq=15", "trainer.seed=0",
+    "task=worldmodel_latent",
+    "task.train_trajectories=64",
+    "task.val_trajectories=16",
+    "task.autoencoder_train.steps=200",
+    "task.pretrain.steps=300",
+    "task.val_windows=32",
+    "actor_rollout_ref.rollout.n=8",
+    "trainer.total_steps=30",
+    "trainer.test_freq=15",
+    "trainer.seed=0",
 )
 
 
@@ -180,19 +232,39 @@ def latent_folder(tmp_path_factory):
     torch.manual_seed(0)
     random_policy().save_pretrained(root / "policy")
     LatentAutoencoder(build_ae_model(AEConfig(block_out_channels=[8, 8, 8]), 32)).save_pretrained(
-        root / "policy" / AUTOENCODER_DIR)
+        root / "policy" / AUTOENCODER_DIR
+    )
     data = generate_dataset("push", 2, 5, root / "push", seed=0, progress=False)
     return root / "policy", data
 
 
 def test_eval_prints_table_for_a_latent_policy(latent_folder, tmp_path, capsys):
-    from mmrl.tasks.worldmodel_eval import main
+    from mmrl.trainer.eval_worldmodel import main
 
     policy, data = latent_folder
-    assert main(["--model", str(policy), "--data", str(data), "--windows", "3", "--samples", "2",
-                 "--json", str(tmp_path / "m.json")]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                str(policy),
+                "--data",
+                str(data),
+                "--windows",
+                "3",
+                "--samples",
+                "2",
+                "--json",
+                str(tmp_path / "m.json"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert "latent policy; 3 windows" in out and "2 context frames, 2 predicted" in out and "env: push" in out
+    assert (
+        "latent policy; 3 windows" in out
+        and "2 context frames, 2 predicted" in out
+        and "env: push" in out
+    )
     assert "| model (greedy) |" in out and "| model (sampled x2, T=1) |" in out
     assert "copy last context frame (through the AE)" in out
     rows = json.loads((tmp_path / "m.json").read_text())
@@ -203,12 +275,16 @@ def test_eval_prints_table_for_a_latent_policy(latent_folder, tmp_path, capsys):
 
 
 def test_eval_latent_policy_mismatches_are_clear(latent_folder, tmp_path):
-    from mmrl.tasks.worldmodel_eval import main
+    from mmrl.trainer.eval_worldmodel import main
     from mmrl.worldmodel.data import generate_dataset
 
     policy, push = latent_folder
     grid = generate_dataset("grid", 1, 5, tmp_path / "grid", seed=0, progress=False)
-    with pytest.raises(ValueError, match=f"{grid}: actions have dimension 1; the latent policy takes 2"):
+    with pytest.raises(
+        ValueError, match=f"{grid}: actions have dimension 1; the latent policy takes 2"
+    ):
         main(["--model", str(policy), "--data", str(grid)])
-    with pytest.raises(ValueError, match=f"{push}: the longest trajectory has 5 frames; the model needs 6"):
+    with pytest.raises(
+        ValueError, match=f"{push}: the longest trajectory has 5 frames; the model needs 6"
+    ):
         main(["--model", str(policy), "--data", str(push), "--future", "4"])

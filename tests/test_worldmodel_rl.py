@@ -34,7 +34,9 @@ def checkpoint(grid_dir, tmp_path_factory):
     tok = VQTokenizer(build_vq_model(VQConfig(codebook_size=16, block_out_channels=[8, 8, 8]), 32))
     layout = VocabLayout(16, tok.grid, TrajectoryDataset(grid_dir).info.action)
     proc = TokenWorldModelProcessor(layout, context=2, future=1)
-    model = build_token_world_model(proc, TokenLMConfig(64, 64, 1, 1, 1, max_position_embeddings=256))
+    model = build_token_world_model(
+        proc, TokenLMConfig(64, 64, 1, 1, 1, max_position_embeddings=256)
+    )
     path = tmp_path_factory.mktemp("ckpt")
     save_token_world_model(model, proc, path)
     tok.save_pretrained(path / TOKENIZER_SUBDIR)
@@ -97,7 +99,9 @@ def test_state_match_score_uses_the_renderer_inverse(grid_dir, checkpoint):
     windows = windows_of(grid_dir)
     batch = WorldModelPromptProcessor(checkpoint[2], checkpoint[1]).encode_dataset(windows, "val")
     truth = torch.from_numpy(windows.future[0]).float() / 255
-    sample = ClosedLoopSample(env=batch["env"][0], predicted_frames=truth, ground_truth=batch["ground_truth"][0])
+    sample = ClosedLoopSample(
+        env=batch["env"][0], predicted_frames=truth, ground_truth=batch["ground_truth"][0]
+    )
     assert state_match(sample) == 1.0
     sample.predicted_frames = torch.zeros_like(truth)
     assert state_match(sample) == 0.0
@@ -147,12 +151,27 @@ def test_overlong_zero_is_rejected_for_world_models(tmp_path):
 
 
 def test_eval_prints_table_on_trajectories_and_mp4(grid_dir, checkpoint, tmp_path, capsys):
-    from mmrl.tasks.worldmodel_eval import main
+    from mmrl.trainer.eval_worldmodel import main
     from mmrl.worldmodel.video import write_mp4
 
     model_dir = checkpoint[0]
-    assert main(["--model", str(model_dir), "--data", str(grid_dir), "--windows", "4", "--samples", "2",
-                 "--json", str(tmp_path / "m.json")]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                str(model_dir),
+                "--data",
+                str(grid_dir),
+                "--windows",
+                "4",
+                "--samples",
+                "2",
+                "--json",
+                str(tmp_path / "m.json"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "| model (greedy) |" in out and "copy last context frame" in out and "env: grid" in out
     rows = json.loads((tmp_path / "m.json").read_text())
@@ -162,13 +181,27 @@ def test_eval_prints_table_on_trajectories_and_mp4(grid_dir, checkpoint, tmp_pat
     traj = TrajectoryDataset(grid_dir).trajectory(0)
     write_mp4(videos / "clip.mp4", traj.frames, fps=4)
     np.save(videos / "clip.npy", traj.actions[:, 0])
-    assert main(["--model", str(model_dir), "--data", str(videos), "--num-actions", "5", "--samples", "1"]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                str(model_dir),
+                "--data",
+                str(videos),
+                "--num-actions",
+                "5",
+                "--samples",
+                "1",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "3 windows" in out and "no state match" in out and "| nan |" in out
 
 
 def test_eval_errors_are_clear(grid_dir, checkpoint, tmp_path):
-    from mmrl.tasks.worldmodel_eval import main
+    from mmrl.trainer.eval_worldmodel import main
     from mmrl.worldmodel.video import write_mp4
 
     model_dir = str(checkpoint[0])
@@ -198,12 +231,30 @@ def test_report_writes_markdown_pngs_and_gif(grid_dir, tmp_path):
     from mmrl.tasks.worldmodel_report import write_report
 
     windows = windows_of(grid_dir)
-    metrics = {"psnr": 20.0, "ssim": 0.5, "lpips": 0.1, "mae": 0.05, "state_match": 0.5, "valid": 1.0}
+    metrics = {
+        "psnr": 20.0,
+        "ssim": 0.5,
+        "lpips": 0.1,
+        "mae": 0.05,
+        "state_match": 0.5,
+        "valid": 1.0,
+    }
     table = {m: {d: metrics for d in ("greedy", "sampled")} for m in ("base", "rl")}
     preds = {"base": windows.future, "rl": windows.future[:, :, ::-1]}
-    history = [{"step": s, "critic/score/mean": -0.1 * s, "actor/kl_loss": 0.01 * s, "actor/entropy": 1.0,
-                "val/psnr/mean": 20 + s, "val/lpips/mean": 0.1} for s in range(1, 5)]
-    readme = write_report(tmp_path / "report", history, {"table": table, "predictions": preds}, windows)
+    history = [
+        {
+            "step": s,
+            "critic/score/mean": -0.1 * s,
+            "actor/kl_loss": 0.01 * s,
+            "actor/entropy": 1.0,
+            "val/psnr/mean": 20 + s,
+            "val/lpips/mean": 0.1,
+        }
+        for s in range(1, 5)
+    ]
+    readme = write_report(
+        tmp_path / "report", history, {"table": table, "predictions": preds}, windows
+    )
     assert "| rl (greedy) | 20.00 |" in readme.read_text()
     for name in ("curves.png", "frames.png", "rollout.gif"):
         assert (tmp_path / "report" / name).stat().st_size > 1000
@@ -221,15 +272,29 @@ def test_grpo_beats_its_pretrained_start_on_held_out(tmp_path):
     from tests.conftest import run_overrides
 
     pre = "++task.pretrain."
-    cfg = load_config(run_overrides(
-        tmp_path / "run", "task=worldmodel_tokens", f"task.cache_dir={tmp_path / 'cache'}",
-        f"{pre}data.train_trajectories=96", f"{pre}data.val_trajectories=16", f"{pre}data.length=12",
-        f"{pre}tokenizer.train.steps=80", f"{pre}tokenizer.train.batch_size=16",
-        f"{pre}train.steps=150", f"{pre}train.val_every=50", f"{pre}train.val_windows=64",
-        f"{pre}train.eval_windows=16", f"{pre}progress_bar=false",
-        "task.val_windows=16", "task.eval.windows=48", "task.eval.samples=2",
-        "trainer.total_steps=20", "trainer.test_freq=10", "trainer.seed=0",
-    ))
+    cfg = load_config(
+        run_overrides(
+            tmp_path / "run",
+            "task=worldmodel_tokens",
+            f"task.cache_dir={tmp_path / 'cache'}",
+            f"{pre}data.train_trajectories=96",
+            f"{pre}data.val_trajectories=16",
+            f"{pre}data.length=12",
+            f"{pre}tokenizer.train.steps=80",
+            f"{pre}tokenizer.train.batch_size=16",
+            f"{pre}train.steps=150",
+            f"{pre}train.val_every=50",
+            f"{pre}train.val_windows=64",
+            f"{pre}train.eval_windows=16",
+            f"{pre}progress_bar=false",
+            "task.val_windows=16",
+            "task.eval.windows=48",
+            "task.eval.samples=2",
+            "trainer.total_steps=20",
+            "trainer.test_freq=10",
+            "trainer.seed=0",
+        )
+    )
     result = fit(cfg)
     table = result.summary["worldmodel_eval"]
     for decoding in ("greedy", "sampled"):
@@ -257,13 +322,23 @@ def test_gpu_example_composes_and_its_model_fits_its_settings():
     layout = VocabLayout(pre.tokenizer.model.codebook_size, grid, env.action_spec, pre.action_bins)
     proc = TokenWorldModelProcessor(layout, pre.data.context, pre.data.future)
     assert layout.tokens_per_frame == 256
-    assert proc.prompt_length == cfg.data.max_prompt_length and proc.response_length == cfg.data.max_response_length
+    assert (
+        proc.prompt_length == cfg.data.max_prompt_length
+        and proc.response_length == cfg.data.max_response_length
+    )
     with torch.device("meta"):
-        model = build_token_world_model(proc, pre.model)  # checks vocab, special ids, head_dim, length
+        model = build_token_world_model(
+            proc, pre.model
+        )  # checks vocab, special ids, head_dim, length
     assert 1.3e8 < sum(p.numel() for p in model.parameters()) < 1.5e8  # 0.14B
     assert model.get_input_embeddings().num_embeddings == layout.vocab_size
     assert proc.prompt_length + proc.response_length <= model.config.max_position_embeddings
-    actor, rollout, trainer, data = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.trainer, cfg.data
+    actor, rollout, trainer, data = (
+        cfg.actor_rollout_ref.actor,
+        cfg.actor_rollout_ref.rollout,
+        cfg.trainer,
+        cfg.data,
+    )
     world = trainer.n_workers_per_node * trainer.nnodes
     assert data.train_batch_size % actor.ppo_mini_batch_size == 0
     assert (actor.ppo_mini_batch_size * rollout.n) % (world * actor.ppo_micro_batch_size) == 0

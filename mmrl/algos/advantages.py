@@ -334,7 +334,8 @@ def compute_remax_advantage(
     mask, _ = _prepare(token_level_rewards, response_mask, valid_mask)
     if reward_baselines.shape != (mask.shape[0],):
         raise ValueError(
-            f"reward_baselines must have shape [{mask.shape[0]}], found {tuple(reward_baselines.shape)}"
+            f"reward_baselines must have shape [{mask.shape[0]}], found "
+            f"{tuple(reward_baselines.shape)}"
         )
     returns = discounted_returns(token_level_rewards, mask, config.gamma)
     adv = returns - reward_baselines.to(returns)[:, None] * mask

@@ -36,7 +36,9 @@ def rollout_is_weights(
     if cap <= 0:
         raise ValueError(f"algorithm.rollout_is_cap={cap} must be positive")
     mask = response_mask.bool()
-    log_ratio = torch.where(mask, old_log_probs - rollout_log_probs, torch.zeros_like(old_log_probs))
+    log_ratio = torch.where(
+        mask, old_log_probs - rollout_log_probs, torch.zeros_like(old_log_probs)
+    )
     if level == "sequence":
         log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)
     # Capping in log space first keeps exp() finite for any gap.

@@ -26,7 +26,9 @@ def compose(overrides: list[str] | None = None, config_name: str = "train") -> D
 
 
 def load_config(overrides: list[str] | None = None, config_name: str = "train") -> RunConfig:
-    """Compose ``configs/<config_name>.yaml``, validate against :class:`RunConfig`, return the typed config."""
+    """Compose ``configs/<config_name>.yaml``, validate against :class:`RunConfig`, return the typed
+    config.
+    """
     raw = compose(overrides, config_name=config_name)
     OmegaConf.resolve(raw)
     schema = OmegaConf.structured(RunConfig)

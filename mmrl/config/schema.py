@@ -20,16 +20,23 @@ class DataConfig:
     max_response_length: int = 8
     filter_overlong_prompts: bool = False
     shuffle: bool = True
-    # Prompts with images and video (VLM tasks; docs/vlm.md). None keeps the model processor's value.
+    # Prompts with images and video (VLM tasks; docs/vlm.md). None keeps the model processor's
+    # value.
     min_pixels: int | None = None  # area bounds of resized images
     max_pixels: int | None = None
     video_min_pixels: int | None = None  # the same per video frame
     video_max_pixels: int | None = None
-    video_fps: float = 2.0  # frames sampled per second of video, clamped to [video_min_frames, video_max_frames]
+    video_fps: float = (
+        2.0  # frames sampled per second of video, clamped to [video_min_frames, video_max_frames]
+    )
     video_min_frames: int = 2
     video_max_frames: int = 16
-    truncation: str = "error"  # error | left | right: drop text tokens of overlong prompts (never vision tokens)
-    keep_raw_media: bool = False  # keep raw media beside the processed pixels (the vLLM engine turns it on)
+    truncation: str = (
+        "error"  # error | left | right: drop text tokens of overlong prompts (never vision tokens)
+    )
+    keep_raw_media: bool = (
+        False  # keep raw media beside the processed pixels (the vLLM engine turns it on)
+    )
     cache_size: int = 4096  # processed prompts kept (per-uid cache, LRU); 0 disables
 
 
@@ -118,7 +125,8 @@ class CriticConfig:
 class VerifierSpec:
     """One ``reward.verifiers`` entry; see mmrl/verifiers and docs/verifiers.md."""
 
-    # A registered name, an entry point in group mmrl.verifiers, module:function or file.py:function.
+    # A registered name, an entry point in group mmrl.verifiers, module:function or
+    # file.py:function.
     name: str = "exact_answer"
     weight: float = 1.0
     alias: str | None = None  # metric name (reward/<alias>/...); default: the verifier's name
@@ -132,7 +140,9 @@ class VerifierSpec:
 class RewardConfig:
     verifiers: list[VerifierSpec] = field(default_factory=lambda: [VerifierSpec()])
     overlong_reward: str = "zero"
-    num_workers: int | None = None  # worker processes for process-mode verifiers; None: CPU count (<= 8)
+    num_workers: int | None = (
+        None  # worker processes for process-mode verifiers; None: CPU count (<= 8)
+    )
     timeout_s: float = 60.0  # default per-call timeout of process-mode verifiers
 
 
@@ -174,7 +184,9 @@ class TrainerConfig:
     # Workers (mmrl/hybrid). One worker and no ray_address is the embedded mode (in-process).
     n_workers_per_node: int = 1
     nnodes: int = 1
-    ray_address: str | None = None  # "auto" or "host:port" joins a cluster; null starts a local Ray if needed
+    ray_address: str | None = (
+        None  # "auto" or "host:port" joins a cluster; null starts a local Ray if needed
+    )
     ray_object_store_mb: int = 1024  # object store of a local Ray
     ray_num_cpus_per_worker: float = 1.0
     colocate_critic: bool = True  # critic in the actor workers' processes, or its own workers

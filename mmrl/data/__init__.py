@@ -7,4 +7,9 @@ from mmrl.data.parquet import (
     write_vision_parquet,
 )
 
-__all__ = ["ParquetSchemaError", "VisionPromptDataset", "load_vision_parquet", "write_vision_parquet"]
+__all__ = [
+    "ParquetSchemaError",
+    "VisionPromptDataset",
+    "load_vision_parquet",
+    "write_vision_parquet",
+]

@@ -63,8 +63,13 @@ class VisionPromptDataset:
     def __len__(self) -> int:
         return len(self.problems)
 
-    def samples(self, processor: Any, system: str | None = None, suffix: str = "",
-                key_prefix: str | None = None) -> list[VisionSample]:
+    def samples(
+        self,
+        processor: Any,
+        system: str | None = None,
+        suffix: str = "",
+        key_prefix: str | None = None,
+    ) -> list[VisionSample]:
         """Chat-template samples: ``problem + suffix`` as the user turn, media attached.
 
         ``key_prefix`` (e.g. ``"train"``) gives each sample the cache key ``"<prefix>/<row>"``;
@@ -92,7 +97,9 @@ def write_vision_parquet(
     columns = {
         "problem": pa.array(list(problems), pa.string()),
         "answer": pa.array([str(a) for a in answers], pa.string()),
-        "images": pa.array([[{"bytes": b, "path": None} for b in row] for row in images], pa.list_(MEDIA_STRUCT)),
+        "images": pa.array(
+            [[{"bytes": b, "path": None} for b in row] for row in images], pa.list_(MEDIA_STRUCT)
+        ),
     }
     if videos is not None:
         columns["videos"] = pa.array([list(row) for row in videos], pa.list_(pa.string()))
@@ -120,15 +127,27 @@ def load_vision_parquet(
         raise FileNotFoundError(f"parquet file {path} does not exist")
     schema = pq.read_schema(path)
     _check_column(path, schema, problem_key, "string", _is_string)
-    _check_column(path, schema, answer_key, "string (or a number)",
-                  lambda t: _is_string(t) or pa.types.is_integer(t) or pa.types.is_floating(t))
+    _check_column(
+        path,
+        schema,
+        answer_key,
+        "string (or a number)",
+        lambda t: _is_string(t) or pa.types.is_integer(t) or pa.types.is_floating(t),
+    )
     has_images = images_key in schema.names
     if has_images:
-        _check_column(path, schema, images_key, "list<struct<bytes: binary, path: string>>", _is_media_list)
+        _check_column(
+            path, schema, images_key, "list<struct<bytes: binary, path: string>>", _is_media_list
+        )
     has_videos = videos_key in schema.names
     if has_videos:
-        _check_column(path, schema, videos_key, "list<string> or list<struct<bytes: binary, path: string>>",
-                      lambda t: _is_media_list(t) or (_is_list(t) and _is_string(t.value_type)))
+        _check_column(
+            path,
+            schema,
+            videos_key,
+            "list<string> or list<struct<bytes: binary, path: string>>",
+            lambda t: _is_media_list(t) or (_is_list(t) and _is_string(t.value_type)),
+        )
     table = pq.read_table(path)
     if max_rows is not None:
         table = table.slice(0, max_rows)
@@ -137,7 +156,9 @@ def load_vision_parquet(
     n = len(problems)
     images = table.column(images_key).to_pylist() if has_images else [[] for _ in range(n)]
     videos = table.column(videos_key).to_pylist() if has_videos else [[] for _ in range(n)]
-    others = [c for c in table.column_names if c not in (problem_key, answer_key, images_key, videos_key)]
+    others = [
+        c for c in table.column_names if c not in (problem_key, answer_key, images_key, videos_key)
+    ]
     extra = table.select(others).to_pylist() if others else [{} for _ in range(n)]
     for row in range(n):
         for column, value in ((problem_key, problems[row]), (answer_key, answers[row])):
@@ -147,14 +168,20 @@ def load_vision_parquet(
         counts = {"image": 0, "video": 0}
         for kind in PLACEHOLDER.findall(problems[row]):
             counts[kind] += 1
-        for kind, column, items in (("image", images_key, images[row]), ("video", videos_key, videos[row])):
+        for kind, column, items in (
+            ("image", images_key, images[row]),
+            ("video", videos_key, videos[row]),
+        ):
             if counts[kind] != len(items):
                 raise ParquetSchemaError(
-                    f"{path}: row {row} has {counts[kind]} <{kind}> placeholders in column {problem_key!r} "
+                    f"{path}: row {row} has {counts[kind]} <{kind}> placeholders in column "
+                    f"{problem_key!r} "
                     f"but {len(items)} entries in column {column!r}; expected one per placeholder"
                 )
             for j, item in enumerate(items):
-                items[j] = _resolve_media(item, path.parent, f"{path}: column {column!r}, row {row}, entry {j}")
+                items[j] = _resolve_media(
+                    item, path.parent, f"{path}: column {column!r}, row {row}, entry {j}"
+                )
     return VisionPromptDataset(problems, [str(a) for a in answers], images, videos, extra)
 
 
@@ -191,7 +218,14 @@ def _is_list(t: pa.DataType) -> bool:
 def _is_media_list(t: pa.DataType) -> bool:
     if not _is_list(t) or not pa.types.is_struct(t.value_type):
         return False
-    fields = {t.value_type.field(i).name: t.value_type.field(i).type for i in range(t.value_type.num_fields)}
-    bytes_ok = "bytes" not in fields or pa.types.is_binary(fields["bytes"]) or pa.types.is_large_binary(fields["bytes"])
+    fields = {
+        t.value_type.field(i).name: t.value_type.field(i).type
+        for i in range(t.value_type.num_fields)
+    }
+    bytes_ok = (
+        "bytes" not in fields
+        or pa.types.is_binary(fields["bytes"])
+        or pa.types.is_large_binary(fields["bytes"])
+    )
     path_ok = "path" not in fields or _is_string(fields["path"])
     return bool({"bytes", "path"} & fields.keys()) and bytes_ok and path_ok

@@ -53,11 +53,16 @@ def forward_response_log_probs(
 
 
 @torch.no_grad()
-def compute_log_probs(model: nn.Module, batch: Batch, micro_batch_size: int, temperature: float) -> torch.Tensor:
+def compute_log_probs(
+    model: nn.Module, batch: Batch, micro_batch_size: int, temperature: float
+) -> torch.Tensor:
     """Log-probs [B, T] of the responses, computed in micro-batches without gradients."""
     was_training = model.training
     model.eval()
-    parts = [forward_response_log_probs(model, mb, temperature)[0] for mb in batch.split(micro_batch_size)]
+    parts = [
+        forward_response_log_probs(model, mb, temperature)[0]
+        for mb in batch.split(micro_batch_size)
+    ]
     model.train(was_training)
     return torch.cat(parts, dim=0)
 
@@ -91,8 +96,12 @@ def update_policy(
         for mini in batch.split(mini_batch_size):
             optimizer.zero_grad(set_to_none=True)
             micros = mini.split(cfg.ppo_micro_batch_size)
-            for micro, weight in zip(micros, micro_batch_weights(micros, cfg.loss_agg_mode), strict=True):
-                for key, value in _micro_step(model, micro, cfg, loss_fn, loss_cfg, temperature, weight).items():
+            for micro, weight in zip(
+                micros, micro_batch_weights(micros, cfg.loss_agg_mode), strict=True
+            ):
+                for key, value in _micro_step(
+                    model, micro, cfg, loss_fn, loss_cfg, temperature, weight
+                ).items():
                     metrics[key].append(value)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             if torch.isfinite(grad_norm):
@@ -121,7 +130,9 @@ def micro_batch_weights(micros: list[Batch], loss_agg_mode: str) -> list[float]:
     total, world_size = sum(counts), 1
     if dist.is_available() and dist.is_initialized():
         world_size = dist.get_world_size()
-        summed = torch.tensor([total], dtype=torch.float64, device=micros[0]["response_mask"].device)
+        summed = torch.tensor(
+            [total], dtype=torch.float64, device=micros[0]["response_mask"].device
+        )
         dist.all_reduce(summed)
         total = float(summed)
     return [world_size * count / max(total, 1.0) for count in counts]

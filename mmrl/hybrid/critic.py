@@ -46,7 +46,9 @@ def update_critic(
         for mini in batch.split(mini_batch_size):
             optimizer.zero_grad(set_to_none=True)
             micros = mini.split(cfg.ppo_micro_batch_size)
-            for micro, weight in zip(micros, micro_batch_weights(micros, cfg.loss_agg_mode), strict=True):
+            for micro, weight in zip(
+                micros, micro_batch_weights(micros, cfg.loss_agg_mode), strict=True
+            ):
                 vpreds = forward_values(model, micro)
                 loss, loss_metrics = algos.compute_value_loss(
                     vpreds=vpreds,

@@ -61,7 +61,10 @@ def init_process_group(
         )
         return
     os.environ.update(
-        MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank), WORLD_SIZE=str(world_size)
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
     )
     dist.init_process_group(
         backend,

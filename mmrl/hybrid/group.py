@@ -32,13 +32,16 @@ class WorkerHost:
     process, its process group and its cores.
     """
 
-    def __init__(self, rank: int, world_size: int, device_type: str, cores: list[int] | None = None) -> None:
+    def __init__(
+        self, rank: int, world_size: int, device_type: str, cores: list[int] | None = None
+    ) -> None:
         """``cores``: positions in this process's allowed CPUs to pin it to (None: no pinning)."""
         self.rank, self.world_size, self.device_type = rank, world_size, device_type
         self.workers: dict[str, Any] = {}
         allowed = sorted(os.sched_getaffinity(0))
         if cores and max(cores) < len(allowed):
-            # Ranks that share a machine each get their own cores instead of all contending for all of them.
+            # Ranks that share a machine each get their own cores instead of all contending for all
+            # of them.
             os.sched_setaffinity(0, [allowed[i] for i in cores])
             torch.set_num_threads(len(cores))
 
@@ -54,7 +57,9 @@ class WorkerHost:
             port = sock.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def init_process_group(self, timeout_s: float, master_addr: str | None = None, master_port: int | None = None) -> None:
+    def init_process_group(
+        self, timeout_s: float, master_addr: str | None = None, master_port: int | None = None
+    ) -> None:
         fsdp.init_process_group(
             self.rank, self.world_size, self.device_type, timeout_s, master_addr, master_port
         )
@@ -110,7 +115,13 @@ class LocalWorkerGroup(WorkerGroup):
 
     @classmethod
     def spawn(
-        cls, role: str, worker_cls: type, *args: Any, device_type: str, timeout_s: float, **kwargs: Any
+        cls,
+        role: str,
+        worker_cls: type,
+        *args: Any,
+        device_type: str,
+        timeout_s: float,
+        **kwargs: Any,
     ) -> LocalWorkerGroup:
         host = WorkerHost(rank=0, world_size=1, device_type=device_type)
         host.init_process_group(timeout_s)

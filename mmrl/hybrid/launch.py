@@ -52,12 +52,17 @@ class Workers:
         self.shutdown()
 
 
-def build_workers(cfg: RunConfig, model_path: str | Path, need_ref: bool, need_critic: bool) -> Workers:
+def build_workers(
+    cfg: RunConfig, model_path: str | Path, need_ref: bool, need_critic: bool
+) -> Workers:
     """The actor/rollout/ref group and, with ``need_critic``, the critic group."""
     t = cfg.trainer
     world_size = t.nnodes * t.n_workers_per_node
     if world_size < 1:
-        raise ValueError(f"trainer.nnodes={t.nnodes} x trainer.n_workers_per_node={t.n_workers_per_node} gives no workers")
+        raise ValueError(
+            f"trainer.nnodes={t.nnodes} x trainer.n_workers_per_node={t.n_workers_per_node} gives "
+            "no workers"
+        )
     if world_size == 1 and not t.ray_address:
         return _embedded(cfg, model_path, need_ref, need_critic)
     return _on_ray(cfg, model_path, need_ref, need_critic)
@@ -66,8 +71,13 @@ def build_workers(cfg: RunConfig, model_path: str | Path, need_ref: bool, need_c
 def _embedded(cfg: RunConfig, model_path, need_ref: bool, need_critic: bool) -> Workers:
     device_type = _resolve_device(cfg.trainer.device, gpus_available=torch.cuda.is_available())
     actor = LocalWorkerGroup.spawn(
-        "actor", ActorRolloutRefWorker, cfg, model_path, need_ref,
-        device_type=device_type, timeout_s=cfg.trainer.dist_timeout_s,
+        "actor",
+        ActorRolloutRefWorker,
+        cfg,
+        model_path,
+        need_ref,
+        device_type=device_type,
+        timeout_s=cfg.trainer.dist_timeout_s,
     )
     critic = actor.colocate("critic", CriticWorker, cfg, model_path) if need_critic else None
     return Workers(actor, critic)
@@ -81,8 +91,12 @@ def _on_ray(cfg: RunConfig, model_path, need_ref: bool, need_critic: bool) -> Wo
     t = cfg.trainer
     separate_critic = need_critic and not t.colocate_critic
     owns_ray = init_ray(t, pools=2 if separate_critic else 1)
-    device_type = _resolve_device(t.device, gpus_available=ray.cluster_resources().get("GPU", 0) > 0)
-    log.info("Ray mode: %d node(s) x %d worker(s) on %s", t.nnodes, t.n_workers_per_node, device_type)
+    device_type = _resolve_device(
+        t.device, gpus_available=ray.cluster_resources().get("GPU", 0) > 0
+    )
+    log.info(
+        "Ray mode: %d node(s) x %d worker(s) on %s", t.nnodes, t.n_workers_per_node, device_type
+    )
 
     def pool() -> ResourcePool:
         gpus = 1.0 if device_type == "cuda" else 0.0
@@ -91,7 +105,9 @@ def _on_ray(cfg: RunConfig, model_path, need_ref: bool, need_critic: bool) -> Wo
     common = {"device_type": device_type, "timeout_s": t.dist_timeout_s, "env_vars": WORKER_ENV}
     actor = critic = None
     try:
-        actor = RayWorkerGroup.spawn(pool(), "actor", ActorRolloutRefWorker, cfg, model_path, need_ref, **common)
+        actor = RayWorkerGroup.spawn(
+            pool(), "actor", ActorRolloutRefWorker, cfg, model_path, need_ref, **common
+        )
         if separate_critic:
             critic = RayWorkerGroup.spawn(pool(), "critic", CriticWorker, cfg, model_path, **common)
         elif need_critic:
@@ -122,7 +138,11 @@ def init_ray(t: TrainerConfig, pools: int = 1) -> bool:
             f"trainer.nnodes={t.nnodes} needs a running Ray cluster: start one with `ray start` "
             "and set trainer.ray_address"
         )
-    gpus = torch.cuda.device_count() if _resolve_device(t.device, torch.cuda.is_available()) == "cuda" else 0
+    gpus = (
+        torch.cuda.device_count()
+        if _resolve_device(t.device, torch.cuda.is_available()) == "cuda"
+        else 0
+    )
     # address="local" always starts a new Ray, never attaching to another user's `ray start`.
     ray.init(
         address="local",

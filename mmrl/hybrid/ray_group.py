@@ -54,7 +54,8 @@ class ResourcePool:
             raise RuntimeError(
                 f"the Ray cluster cannot place {self.nnodes} node(s) x {self.workers_per_node} "
                 f"workers of {bundle} within {timeout_s:.0f} s; it has {ray.available_resources()} "
-                "free. Lower trainer.n_workers_per_node / trainer.ray_num_cpus_per_worker or add nodes"
+                "free. Lower trainer.n_workers_per_node / trainer.ray_num_cpus_per_worker or add "
+                "nodes"
             ) from None
         return [(pg, i) for pg in self.placement_groups for i in range(self.workers_per_node)]
 
@@ -64,7 +65,8 @@ class ResourcePool:
         self.placement_groups = []
 
     def cores(self, rank: int) -> list[int] | None:
-        """Rank ``rank``'s own whole cores on a CPU node (positions among the node's CPUs), or None."""
+        """Rank ``rank``'s own whole cores on a CPU node (positions among the node's CPUs), or
+        None."""
         per_worker = int(self.cpus_per_worker)
         if self.gpus_per_worker or per_worker != self.cpus_per_worker or per_worker < 1:
             return None
@@ -79,7 +81,14 @@ class RayWorkerGroup(WorkerGroup):
     for them: it raises :class:`WorkerError` at the first failure and kills the rest.
     """
 
-    def __init__(self, hosts: list[Any], locations: list[str], role: str, worker_cls: type, pool: ResourcePool) -> None:
+    def __init__(
+        self,
+        hosts: list[Any],
+        locations: list[str],
+        role: str,
+        worker_cls: type,
+        pool: ResourcePool,
+    ) -> None:
         super().__init__(role, worker_cls, world_size=len(hosts))
         self.hosts, self.locations, self.pool = hosts, locations, pool
         self.stopped: str | None = None
@@ -96,7 +105,9 @@ class RayWorkerGroup(WorkerGroup):
         env_vars: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> RayWorkerGroup:
-        """Start one actor per bundle of ``pool``, join them into a process group, build ``worker_cls``."""
+        """Start one actor per bundle of ``pool``, join them into a process group, build
+        ``worker_cls``.
+        """
         hosts = []
         for rank, (pg, bundle) in enumerate(pool.reserve()):
             cores = pool.cores(rank) if device_type == "cpu" else None
@@ -104,15 +115,25 @@ class RayWorkerGroup(WorkerGroup):
             options = {
                 "num_cpus": pool.cpus_per_worker,
                 "num_gpus": pool.gpus_per_worker,
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    pg, placement_group_bundle_index=bundle
+                ),
                 "runtime_env": {"env_vars": {"OMP_NUM_THREADS": threads, **(env_vars or {})}},
             }
-            hosts.append(RemoteHost.options(**options).remote(rank, pool.world_size, device_type, cores))
+            hosts.append(
+                RemoteHost.options(**options).remote(rank, pool.world_size, device_type, cores)
+            )
         group = cls(hosts, ["starting"] * len(hosts), role, worker_cls, pool)
         group.locations = group._wait([h.location.remote() for h in hosts], "start")
         addr, port = group._wait([hosts[0].master_address.remote()], "start", ranks=[0])[0]
-        group._wait([h.init_process_group.remote(timeout_s, addr, port) for h in hosts], "init_process_group")
-        group._wait([h.add_worker.remote(role, worker_cls, args, kwargs) for h in hosts], f"building {worker_cls.__name__}")
+        group._wait(
+            [h.init_process_group.remote(timeout_s, addr, port) for h in hosts],
+            "init_process_group",
+        )
+        group._wait(
+            [h.add_worker.remote(role, worker_cls, args, kwargs) for h in hosts],
+            f"building {worker_cls.__name__}",
+        )
         return group
 
     def colocate(self, role: str, worker_cls: type, *args: Any, **kwargs: Any) -> RayWorkerGroup:
@@ -123,10 +144,15 @@ class RayWorkerGroup(WorkerGroup):
     def _run(self, method: str, calls: list[Args]) -> list[Any]:
         if self.stopped:
             raise WorkerError(f"worker group {self.role!r} was stopped earlier: {self.stopped}")
-        refs = [h.execute.remote(self.role, method, a, kw) for h, (a, kw) in zip(self.hosts, calls, strict=True)]
+        refs = [
+            h.execute.remote(self.role, method, a, kw)
+            for h, (a, kw) in zip(self.hosts, calls, strict=True)
+        ]
         return self._wait(refs, method)
 
-    def _wait(self, refs: list[ray.ObjectRef], what: str, ranks: list[int] | None = None) -> list[Any]:
+    def _wait(
+        self, refs: list[ray.ObjectRef], what: str, ranks: list[int] | None = None
+    ) -> list[Any]:
         """Results of ``refs`` in rank order; the first failure stops the group and is raised."""
         rank_of = dict(zip(refs, ranks or range(len(refs)), strict=True))
         results, pending = {}, list(refs)
@@ -155,4 +181,3 @@ class RayWorkerGroup(WorkerGroup):
             ray.kill(host)
         self.pool.release()
         self.stopped = self.stopped or "shut down"
-

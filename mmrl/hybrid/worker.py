@@ -57,7 +57,9 @@ def warmup(steps: int) -> Callable[[int], float]:
 
 
 class ActorRolloutRefWorker:
-    """The trainable actor (FSDP2), its sharded optimizer, a frozen reference and the rollout engine."""
+    """The trainable actor (FSDP2), its sharded optimizer, a frozen reference and the rollout
+    engine.
+    """
 
     def __init__(self, cfg: RunConfig, model_path: str | Path, need_ref: bool) -> None:
         self.cfg = cfg
@@ -69,18 +71,25 @@ class ActorRolloutRefWorker:
         model = model.to(self.device)
         # A VLM checkpoint also carries its image/video processor; saved checkpoints keep it.
         is_vlm = getattr(getattr(model, "config", None), "vision_config", None) is not None
-        self.processor = AutoProcessor.from_pretrained(model_path, local_files_only=True) if is_vlm else None
+        self.processor = (
+            AutoProcessor.from_pretrained(model_path, local_files_only=True) if is_vlm else None
+        )
         ref = copy.deepcopy(model).eval().requires_grad_(False) if need_ref else None
         freeze_modules(model, arr.actor.freeze_modules)
         self.model = fsdp.shard_model(model, mp_policy)
         self.ref_model = fsdp.shard_model(ref, mp_policy) if ref is not None else None
         # Built over the sharded parameters, so each rank holds only its shard of Adam's state.
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=arr.actor.lr, weight_decay=arr.actor.weight_decay
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=arr.actor.lr,
+            weight_decay=arr.actor.weight_decay,
         )
-        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup(arr.actor.lr_warmup_steps))
+        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, warmup(arr.actor.lr_warmup_steps)
+        )
         self.mini_batch_size = local_mini_batch_size(
-            arr.actor.ppo_mini_batch_size * arr.rollout.n, self.world_size,
+            arr.actor.ppo_mini_batch_size * arr.rollout.n,
+            self.world_size,
             "actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n",
         )
         self.rollout = get_rollout(arr.rollout.name)(
@@ -98,7 +107,9 @@ class ActorRolloutRefWorker:
     def generate_sequences(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """Responses for this rank's prompts; see :class:`mmrl.rollout.base.RolloutEngine`."""
         if sampling.seed is not None:
-            sampling = dataclasses.replace(sampling, seed=sampling.seed + RANK_SEED_STRIDE * self.rank)
+            sampling = dataclasses.replace(
+                sampling, seed=sampling.seed + RANK_SEED_STRIDE * self.rank
+            )
         view = fsdp.full_weights(self.model) if self.engine_shares_module else nullcontext()
         with view:
             out = self.rollout.generate(prompts.to(self.device), sampling)
@@ -109,7 +120,10 @@ class ActorRolloutRefWorker:
         """Log-probs [b, T] of the responses under the current actor."""
         rollout = self.cfg.actor_rollout_ref.rollout
         return actor_fns.compute_log_probs(
-            self.model, batch.to(self.device), rollout.log_prob_micro_batch_size, rollout.temperature
+            self.model,
+            batch.to(self.device),
+            rollout.log_prob_micro_batch_size,
+            rollout.temperature,
         ).cpu()
 
     @register(Dispatch.DP_COMPUTE)
@@ -119,12 +133,17 @@ class ActorRolloutRefWorker:
             raise RuntimeError("the reference policy was not built; enable a KL loss or KL reward")
         arr = self.cfg.actor_rollout_ref
         return actor_fns.compute_log_probs(
-            self.ref_model, batch.to(self.device), arr.ref.log_prob_micro_batch_size, arr.rollout.temperature
+            self.ref_model,
+            batch.to(self.device),
+            arr.ref.log_prob_micro_batch_size,
+            arr.rollout.temperature,
         ).cpu()
 
     @register(Dispatch.DP_UPDATE)
     def update_actor(self, batch: Batch, seed: int) -> dict[str, float]:
-        """One PPO update on this rank's share of the batch, then the new weights go into the rollout engine."""
+        """One PPO update on this rank's share of the batch, then the new weights go into the
+        rollout engine.
+        """
         arr = self.cfg.actor_rollout_ref
         metrics = actor_fns.update_policy(
             self.model,
@@ -166,7 +185,9 @@ class ActorRolloutRefWorker:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """A copy of the actor's full weights on rank 0's CPU; ``{}`` on the other ranks."""
         # With one rank the gathered tensors can share storage with the live parameters.
-        return {k: v.clone() for k, v in fsdp.full_state_dict(self.model, on_every_rank=False).items()}
+        return {
+            k: v.clone() for k, v in fsdp.full_state_dict(self.model, on_every_rank=False).items()
+        }
 
     @register(Dispatch.ALL)
     def memory_stats(self) -> dict[str, float]:
@@ -174,7 +195,9 @@ class ActorRolloutRefWorker:
 
 
 class CriticWorker:
-    """A value model initialised from the actor's weights with a fresh scalar head, trained with FSDP2."""
+    """A value model initialised from the actor's weights with a fresh scalar head, trained with
+    FSDP2.
+    """
 
     def __init__(self, cfg: RunConfig, model_path: str | Path) -> None:
         self.cfg = cfg.critic
@@ -196,7 +219,9 @@ class CriticWorker:
     @register(Dispatch.DP_COMPUTE)
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """Values [b, T] of the response steps."""
-        return critic_fns.compute_values(self.model, batch.to(self.device), self.cfg.ppo_micro_batch_size).cpu()
+        return critic_fns.compute_values(
+            self.model, batch.to(self.device), self.cfg.ppo_micro_batch_size
+        ).cpu()
 
     @register(Dispatch.DP_UPDATE)
     def update_critic(self, batch: Batch, seed: int) -> dict[str, float]:

@@ -24,7 +24,8 @@ from torch import nn
 from mmrl.protocol import Batch
 
 WEIGHTS_FILE, CONFIG_FILE = "latent_policy.safetensors", "latent_policy.json"
-# The autoencoder that defines the latent space travels with the policy, as a tokenizer does with an LM.
+# The autoencoder that defines the latent space travels with the policy, as a tokenizer does with an
+# LM.
 AUTOENCODER_DIR = "autoencoder"
 
 
@@ -74,11 +75,14 @@ class GaussianLatentPolicy(nn.Module):
     def forward(
         self, context: torch.Tensor, actions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``context [B, K, C, h, w]``, ``actions [B, K, A]`` -> ``mean``, ``log_std`` ``[B, C, h, w]``."""
+        """``context [B, K, C, h, w]``, ``actions [B, K, A]`` -> ``mean``, ``log_std`` ``[B, C, h,
+        w]``.
+        """
         b, k, c, h, w = context.shape
         if k != self.cfg.context or actions.shape[1:] != (k, self.cfg.action_dim):
             raise ValueError(
-                f"expected context [B, {self.cfg.context}, C, h, w] and actions [B, {self.cfg.context}, "
+                f"expected context [B, {self.cfg.context}, C, h, w] and actions [B, "
+                f"{self.cfg.context}, "
                 f"{self.cfg.action_dim}], found {list(context.shape)} and {list(actions.shape)}"
             )
         x = (
@@ -108,7 +112,11 @@ class GaussianLatentPolicy(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A next latent ``[B, C, h, w]`` (the mean if ``greedy``) and its log-density ``[B]``."""
         mean, log_std = self(context, actions)
-        noise = torch.zeros_like(mean) if greedy else torch.randn(mean.shape, generator=generator).to(mean.device)
+        noise = (
+            torch.zeros_like(mean)
+            if greedy
+            else torch.randn(mean.shape, generator=generator).to(mean.device)
+        )
         z = mean + noise * log_std.exp()
         return z, gaussian_log_prob(z, mean, log_std)
 
@@ -128,7 +136,9 @@ class GaussianLatentPolicy(nn.Module):
         log_std = log_std + math.log(temperature)
         z = batch["response_latents"]
         b, f = z.shape[:2]
-        log_probs = gaussian_log_prob(z.flatten(0, 1), mean.flatten(0, 1), log_std.flatten(0, 1)).view(b, f)
+        log_probs = gaussian_log_prob(
+            z.flatten(0, 1), mean.flatten(0, 1), log_std.flatten(0, 1)
+        ).view(b, f)
         entropy = None
         if with_entropy:
             entropy = (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).flatten(2).sum(-1)
@@ -153,16 +163,24 @@ class GaussianLatentPolicy(nn.Module):
         mean, log_std = self(ctx, act)
         return mean.unflatten(0, (-1, f)), log_std.unflatten(0, (-1, f))
 
-    def save_pretrained(self, path: str | Path, state_dict: dict | None = None, **_: object) -> None:
+    def save_pretrained(
+        self, path: str | Path, state_dict: dict | None = None, **_: object
+    ) -> None:
         """Write ``latent_policy.safetensors`` + ``latent_policy.json`` (``state_dict``: the
         gathered weights of a sharded policy) and copy the ``autoencoder/`` it was loaded with."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         state = self.state_dict() if state_dict is None else state_dict
-        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / WEIGHTS_FILE))
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / WEIGHTS_FILE)
+        )
         (path / CONFIG_FILE).write_text(json.dumps(asdict(self.cfg), indent=1))
         source = Path(self.name_or_path or "") / AUTOENCODER_DIR
-        if self.name_or_path and source.is_dir() and source.resolve() != (path / AUTOENCODER_DIR).resolve():
+        if (
+            self.name_or_path
+            and source.is_dir()
+            and source.resolve() != (path / AUTOENCODER_DIR).resolve()
+        ):
             shutil.copytree(source, path / AUTOENCODER_DIR, dirs_exist_ok=True)
 
     @classmethod

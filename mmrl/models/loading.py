@@ -24,9 +24,14 @@ def load_causal_lm(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
             "(no config.json there); models are never downloaded"
         )
     if dtype not in DTYPES:
-        raise ValueError(f"actor_rollout_ref.model.dtype={dtype!r}; expected one of {sorted(DTYPES)}")
+        raise ValueError(
+            f"actor_rollout_ref.model.dtype={dtype!r}; expected one of {sorted(DTYPES)}"
+        )
     # A VLM (Qwen2-VL, Qwen2.5-VL: the config has a vision tower) loads with its vision tower.
-    vlm = getattr(AutoConfig.from_pretrained(path, local_files_only=True), "vision_config", None) is not None
+    vlm = (
+        getattr(AutoConfig.from_pretrained(path, local_files_only=True), "vision_config", None)
+        is not None
+    )
     auto = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
     return auto.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True)
 

@@ -9,7 +9,11 @@ from mmrl.protocol import Batch
 
 
 def generated_responses(
-    sequences: torch.Tensor, scores: tuple[torch.Tensor, ...], prompt_len: int, max_tokens: int, pad_id: int
+    sequences: torch.Tensor,
+    scores: tuple[torch.Tensor, ...],
+    prompt_len: int,
+    max_tokens: int,
+    pad_id: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Responses [B, max_tokens] and their sampling log-probs from a transformers ``generate``.
 
@@ -52,7 +56,11 @@ def finish_rollout(
     log_probs = torch.where(response_mask.bool(), log_probs, torch.zeros_like(log_probs))
     clipped = ~is_stop.any(dim=1)
 
-    out = Batch(prompts.tensors.clone(), {k: v.copy() for k, v in prompts.non_tensor.items()}, dict(prompts.meta))
+    out = Batch(
+        prompts.tensors.clone(),
+        {k: v.copy() for k, v in prompts.non_tensor.items()},
+        dict(prompts.meta),
+    )
     out["input_ids"] = torch.cat([prompts["input_ids"], responses], dim=1)
     out["attention_mask"] = torch.cat([prompts["attention_mask"], response_mask.long()], dim=1)
     out["position_ids"] = extend_position_ids(prompts["position_ids"], responses.shape[1])

@@ -57,7 +57,11 @@ DEFAULT_TEXT = {
     "num_key_value_heads": 1,
     "max_position_embeddings": 1024,
     # mrope splits head_dim / 2 = 32 rotary frequencies over (t, h, w).
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]},
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [8, 12, 12],
+    },
 }
 DEFAULT_VISION = {
     "depth": 1,

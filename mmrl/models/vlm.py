@@ -31,7 +31,11 @@ def is_vlm(model: nn.Module) -> bool:
 
 def _vision_ids(model: nn.Module) -> tuple[int, int, int]:
     config = model.config
-    return int(config.image_token_id), int(config.video_token_id), int(config.vision_config.spatial_merge_size)
+    return (
+        int(config.image_token_id),
+        int(config.video_token_id),
+        int(config.vision_config.spatial_merge_size),
+    )
 
 
 def suppressed_token_ids(model: nn.Module) -> list[int]:
@@ -50,13 +54,16 @@ def suppressed_token_ids(model: nn.Module) -> list[int]:
 def check_responses(model: nn.Module, batch: Batch) -> None:
     """Raise if a (valid) response token of ``batch`` is one of :func:`suppressed_token_ids`."""
     responses = batch["responses"]
-    sampled = torch.isin(responses, torch.tensor(suppressed_token_ids(model), device=responses.device))
+    sampled = torch.isin(
+        responses, torch.tensor(suppressed_token_ids(model), device=responses.device)
+    )
     if "response_mask" in batch:
         sampled &= batch["response_mask"].bool()
     if sampled.any():
         row, col = (int(x) for x in sampled.nonzero()[0])
         raise ValueError(
-            f"sample {row}: response token {col} is the vision token id {int(responses[row, col])}; "
+            f"sample {row}: response token {col} is the vision token id "
+            f"{int(responses[row, col])}; "
             "the rollout must never sample suppressed_token_ids(model) (pass them to the engine "
             "as suppressed/bad tokens)"
         )
@@ -71,7 +78,9 @@ def visual_model_inputs(model: nn.Module, batch: Batch) -> dict[str, torch.Tenso
     image_id, video_id, merge = _vision_ids(model)
     if "responses" in batch:
         check_responses(model, batch)
-    rows = list(batch["multi_modal_inputs"]) if "multi_modal_inputs" in batch else [None] * len(batch)
+    rows = (
+        list(batch["multi_modal_inputs"]) if "multi_modal_inputs" in batch else [None] * len(batch)
+    )
     check_vision_tokens(batch["input_ids"], rows, image_id, video_id, merge)
     collated = collate_multi_modal(rows)
     device = batch["input_ids"].device
@@ -99,7 +108,9 @@ def vlm_forward_logits(model: nn.Module, batch: Batch) -> torch.Tensor:
 def vlm_response_log_probs(
     model: nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [b, T] of ``batch["responses"]`` (and entropy [b, T]), logits divided by ``temperature``."""
+    """Log-probs [b, T] of ``batch["responses"]`` (and entropy [b, T]), logits divided by
+    ``temperature``.
+    """
     responses = batch["responses"]
     logits = vlm_forward_logits(model, batch)
     # The logit at position i predicts token i + 1: the last T+1..1 positions score the response.
@@ -136,7 +147,9 @@ def generate_vlm(
     ``multi_modal_inputs`` of the result are the same objects as the prompts' (not copied).
     """
     if sampling.allowed_token_ids is not None or sampling.min_tokens:
-        raise NotImplementedError("generate_vlm supports no allowed_token_ids/min_tokens constraints")
+        raise NotImplementedError(
+            "generate_vlm supports no allowed_token_ids/min_tokens constraints"
+        )
     image_id, video_id, _ = _vision_ids(model)
     stop_ids = {eos_token_id, *sampling.stop_token_ids}
     visual = visual_model_inputs(model, prompts)

@@ -30,7 +30,9 @@ class VisionTokenMismatchError(ValueError):
     """The vision placeholder tokens of a prompt and its visual features disagree."""
 
 
-def collate_multi_modal(inputs: Sequence[Mapping[str, torch.Tensor] | None]) -> dict[str, torch.Tensor]:
+def collate_multi_modal(
+    inputs: Sequence[Mapping[str, torch.Tensor] | None],
+) -> dict[str, torch.Tensor]:
     """Concatenate per-sample visual inputs along the patch dimension.
 
     Args:
@@ -44,7 +46,10 @@ def collate_multi_modal(inputs: Sequence[Mapping[str, torch.Tensor] | None]) -> 
     """
     rows = [dict(x or {}) for x in inputs]
     for i, row in enumerate(rows):
-        for pixels, grid in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
+        for pixels, grid in (
+            ("pixel_values", "image_grid_thw"),
+            ("pixel_values_videos", "video_grid_thw"),
+        ):
             if (pixels in row) != (grid in row):
                 raise KeyError(
                     f"sample {i}: multi_modal_inputs has {sorted(row)}; {pixels} and {grid} "
@@ -55,8 +60,12 @@ def collate_multi_modal(inputs: Sequence[Mapping[str, torch.Tensor] | None]) -> 
         parts = [row[key] for row in rows if key in row]
         if parts:
             out[key] = torch.cat([torch.as_tensor(p) for p in parts], dim=0)
-    out["num_images"] = torch.tensor([len(row.get("image_grid_thw", ())) for row in rows], dtype=torch.long)
-    out["num_videos"] = torch.tensor([len(row.get("video_grid_thw", ())) for row in rows], dtype=torch.long)
+    out["num_images"] = torch.tensor(
+        [len(row.get("image_grid_thw", ())) for row in rows], dtype=torch.long
+    )
+    out["num_videos"] = torch.tensor(
+        [len(row.get("video_grid_thw", ())) for row in rows], dtype=torch.long
+    )
     return out
 
 
@@ -83,7 +92,9 @@ def split_multi_modal(collated: Mapping[str, torch.Tensor]) -> list[dict[str, to
     return rows
 
 
-def mm_token_type_ids(input_ids: torch.Tensor, image_token_id: int, video_token_id: int) -> torch.Tensor:
+def mm_token_type_ids(
+    input_ids: torch.Tensor, image_token_id: int, video_token_id: int
+) -> torch.Tensor:
     """Token types [B, L] as the Qwen-VL processors write them: text 0, image 1, video 2."""
     return (input_ids == image_token_id).long() + 2 * (input_ids == video_token_id).long()
 
@@ -119,15 +130,17 @@ def check_vision_tokens(
             if n_tokens != n_features:
                 n_items = 0 if grids is None else len(grids)
                 raise VisionTokenMismatchError(
-                    f"{where}: {n_tokens} {kind} tokens in input_ids but {n_features} {kind} features "
+                    f"{where}: {n_tokens} {kind} tokens in input_ids but {n_features} {kind} "
+                    "features "
                     f"(sum of t*h*w / {merge_size}**2 over {n_items} {kind}_grid_thw rows). "
                     f"Likely cause: {_mismatch_cause(kind, n_tokens, n_features)}"
                 )
             if grids is not None and mm[pixels].shape[0] != n_patches:
                 raise VisionTokenMismatchError(
-                    f"{where}: {pixels} has {mm[pixels].shape[0]} rows but {grid} implies {n_patches} "
-                    "patches. Likely cause: pixel values and grids collated from different samples, "
-                    "or split back with the wrong counts"
+                    f"{where}: {pixels} has {mm[pixels].shape[0]} rows but {grid} implies "
+                    f"{n_patches} "
+                    "patches. Likely cause: pixel values and grids collated from different "
+                    "samples, or split back with the wrong counts"
                 )
 
 
@@ -138,7 +151,9 @@ def _mismatch_cause(kind: str, n_tokens: int, n_features: int) -> str:
             "filtered after tokenization, or a raw prompt with expanded tokens was re-encoded)"
         )
     if n_tokens == 0:
-        return f"the prompt has no {kind} placeholder: the chat template did not insert one per {kind}"
+        return (
+            f"the prompt has no {kind} placeholder: the chat template did not insert one per {kind}"
+        )
     if n_tokens < n_features:
         return (
             "the prompt was truncated through its vision tokens, or has fewer placeholders than "
@@ -167,7 +182,9 @@ def extend_position_ids(position_ids: torch.Tensor, response_length: int) -> tor
     if position_ids.ndim == 2:
         return torch.cat([position_ids, position_ids[:, -1:] + 1 + steps], dim=1)
     if position_ids.ndim != 3:
-        raise ValueError(f"position_ids must be [B, P] or [B, 3, P], found {list(position_ids.shape)}")
+        raise ValueError(
+            f"position_ids must be [B, P] or [B, 3, P], found {list(position_ids.shape)}"
+        )
     start = position_ids.amax(dim=(1, 2)) + 1  # [B]
     response = (start[:, None] + steps).unsqueeze(1).expand(-1, position_ids.shape[1], -1)
     return torch.cat([position_ids, response], dim=2)

@@ -7,13 +7,12 @@ from mmrl.models.vlm_inputs import (
     split_multi_modal,
 )
 from mmrl.processors.text import PromptTooLongError, TextProcessor
-from mmrl.processors.vision import VisionProcessor, VisionProcessorConfig, VisionSample, chat_prompt
+from mmrl.processors.vision import VisionProcessor, VisionSample, chat_prompt
 
 __all__ = [
     "PromptTooLongError",
     "TextProcessor",
     "VisionProcessor",
-    "VisionProcessorConfig",
     "VisionSample",
     "VisionTokenMismatchError",
     "chat_prompt",

@@ -20,7 +20,8 @@ class PromptProcessor(Protocol):
 
     def encode_dataset(self, dataset: Any, split: str) -> Batch:
         """Left-padded ``input_ids``, ``attention_mask``, ``position_ids`` [B, P] plus the
-        per-sample fields verifiers need (``ground_truth``, ...); ``meta["num_filtered_prompts"]``."""
+        per-sample fields verifiers need (``ground_truth``, ...);
+        ``meta["num_filtered_prompts"]``."""
         ...
 
     def decode(self, batch: Batch) -> Batch:

@@ -26,7 +26,8 @@ class FrameWindows:
     """Windows of K context and F future frames from a trajectory dataset.
 
     context: uint8 [M, K, H, W, 3]. actions: float32 [M, K+F-1, A]. future: uint8 [M, F, H, W, 3].
-    sources: one dict per window: ``trajectory`` (index), ``seed`` (its env seed), ``start`` (frame).
+    sources: one dict per window: ``trajectory`` (index), ``seed`` (its env seed), ``start``
+    (frame).
     """
 
     context: np.ndarray
@@ -38,14 +39,19 @@ class FrameWindows:
         return len(self.context)
 
 
-def frame_windows(dataset_dir: str | Path, context: int, future: int, max_windows: int | None = None) -> FrameWindows:
-    """Every window of a trajectory dataset (or ``max_windows`` of them, evenly spaced, in order)."""
+def frame_windows(
+    dataset_dir: str | Path, context: int, future: int, max_windows: int | None = None
+) -> FrameWindows:
+    """Every window of a trajectory dataset (or ``max_windows`` of them, evenly spaced, in
+    order)."""
     data = TrajectoryDataset(dataset_dir)
     frames, actions = data.all_frames(), data.all_actions()
     n, t = frames.shape[:2]
     span = context + future
     if t < span:
-        raise ValueError(f"{dataset_dir}: trajectories have {t} frames, fewer than context + future = {span}")
+        raise ValueError(
+            f"{dataset_dir}: trajectories have {t} frames, fewer than context + future = {span}"
+        )
     starts = [(i, s) for i in range(n) for s in range(t - span + 1)]
     if max_windows is not None and max_windows < len(starts):
         pick = np.linspace(0, len(starts) - 1, max_windows).round().astype(int)
@@ -68,16 +74,20 @@ class LatentWorldModelProcessor:
         self.ae, self.context, self.future = ae, context, future
 
     def encode_dataset(self, windows: FrameWindows, split: str) -> Batch:
-        """``context_latents [M, K, C, h, w]``, ``actions [M, K+F-1, A]``, ``gt_frames uint8 [M, F, H, W, 3]``,
-        ``attention_mask``/``position_ids [M, K]`` (one position per context frame), ``extra_info``."""
+        """``context_latents [M, K, C, h, w]``, ``actions [M, K+F-1, A]``, ``gt_frames uint8 [M, F,
+        H, W, 3]``,
+        ``attention_mask``/``position_ids [M, K]`` (one position per context frame),
+        ``extra_info``."""
         if len(windows) == 0:
             raise ValueError(f"the {split} set has no windows: check the task's data settings")
         m, k = windows.context.shape[:2]
         f = windows.future.shape[1]
         if (k, f) != (self.context, self.future) or windows.actions.shape[1] != k + f - 1:
             raise ValueError(
-                f"{split} windows have {k} context frames, {f} future frames and {windows.actions.shape[1]} "
-                f"actions; the processor expects {self.context}, {self.future} and {self.context + self.future - 1}"
+                f"{split} windows have {k} context frames, {f} future frames and "
+                f"{windows.actions.shape[1]} "
+                f"actions; the processor expects {self.context}, {self.future} and "
+                f"{self.context + self.future - 1}"
             )
         latents = self.ae.encode(windows.context.reshape(-1, *windows.context.shape[2:]))
         mask = torch.ones(m, k, dtype=torch.long)
@@ -94,7 +104,8 @@ class LatentWorldModelProcessor:
         )
 
     def decode(self, batch: Batch) -> Batch:
-        """Add ``pred_frames uint8 [B, F, H, W, 3]``: the response latents through the AE decoder."""
+        """Add ``pred_frames uint8 [B, F, H, W, 3]``: the response latents through the AE
+        decoder."""
         latents = batch["response_latents"]
         b, f = latents.shape[:2]
         frames = self.ae.decode(latents.detach().float().cpu().flatten(0, 1))

@@ -33,7 +33,10 @@ def load_image(image: ImageInput) -> Image.Image:
     elif isinstance(image, str | Path):
         image = Image.open(image)
     if not isinstance(image, Image.Image):
-        raise TypeError(f"expected a PIL image, bytes, a path or a {{bytes, path}} dict, found {type(image).__name__}")
+        raise TypeError(
+            f"expected a PIL image, bytes, a path or a {{bytes, path}} dict, found "
+            f"{type(image).__name__}"
+        )
     return image.convert("RGB")
 
 
@@ -47,7 +50,9 @@ def read_video(
     """
     if isinstance(video, np.ndarray):
         if video.ndim != 4 or video.shape[-1] != 3:
-            raise ValueError(f"video frames must be uint8 [F, H, W, 3], found {video.dtype} {list(video.shape)}")
+            raise ValueError(
+                f"video frames must be uint8 [F, H, W, 3], found {video.dtype} {list(video.shape)}"
+            )
         n = len(video)
         return video, VideoMetadata(total_num_frames=n, fps=fps, frames_indices=list(range(n)))
     import decord
@@ -60,7 +65,9 @@ def read_video(
         n -= n % frame_multiple
     indices = np.linspace(0, total - 1, n).round().astype(int).tolist()
     frames = reader.get_batch(indices).asnumpy()
-    meta = VideoMetadata(total_num_frames=total, fps=src_fps, frames_indices=indices, duration=total / src_fps)
+    meta = VideoMetadata(
+        total_num_frames=total, fps=src_fps, frames_indices=indices, duration=total / src_fps
+    )
     return frames, meta
 
 
@@ -80,6 +87,8 @@ def media_digest(prompt: str, media: Sequence[ImageInput | VideoInput]) -> str:
         elif isinstance(item, np.ndarray):
             h.update(f"{item.dtype}{item.shape}".encode() + np.ascontiguousarray(item).tobytes())
         else:
-            raise TypeError(f"cannot hash media of type {type(item).__name__}; give the sample a key")
+            raise TypeError(
+                f"cannot hash media of type {type(item).__name__}; give the sample a key"
+            )
         h.update(b"|")
     return h.hexdigest()

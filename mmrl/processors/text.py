@@ -68,7 +68,8 @@ class TextProcessor:
             elif not self.filter_overlong:
                 raise PromptTooLongError(
                     f"sample {sample_ids[i]}: prompt has {len(ids)} tokens, more than "
-                    f"data.max_prompt_length={self.max_prompt_length} (prompt: {prompts[i][:80]!r}); "
+                    f"data.max_prompt_length={self.max_prompt_length} (prompt: "
+                    f"{prompts[i][:80]!r}); "
                     "raise the limit or set data.filter_overlong_prompts=true"
                 )
         if not keep:
@@ -84,7 +85,11 @@ class TextProcessor:
         fields = {k: np.asarray(v, dtype=object)[keep] for k, v in (non_tensor or {}).items()}
         fields["raw_prompt"] = np.asarray(list(prompts), dtype=object)[keep]
         return Batch.from_dict(
-            tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
+            tensors={
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "position_ids": position_ids,
+            },
             non_tensor=fields,
             meta={"num_filtered_prompts": len(prompts) - len(keep)},
         )
@@ -92,9 +97,12 @@ class TextProcessor:
     def encode_dataset(self, dataset: PromptDataLike, split: str) -> Batch:
         """A task's prompts with their ground truths and extra info (non-tensor fields)."""
         if len(dataset) == 0:
-            raise ValueError(f"the {split} dataset is empty: check the task's {split} size settings")
+            raise ValueError(
+                f"the {split} dataset is empty: check the task's {split} size settings"
+            )
         return self.encode_prompts(
-            dataset.prompts, {"ground_truth": dataset.ground_truth, "extra_info": dataset.extra_info}
+            dataset.prompts,
+            {"ground_truth": dataset.ground_truth, "extra_info": dataset.extra_info},
         )
 
     def decode(self, batch: Batch) -> Batch:

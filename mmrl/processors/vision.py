@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoModel, AutoProcessor, PretrainedConfig, ProcessorMixin
 
+from mmrl.config import DataConfig
 from mmrl.models.vlm_inputs import (
     IMAGE_KEYS,
     VIDEO_KEYS,
@@ -43,40 +44,6 @@ from mmrl.protocol import Batch
 PIXEL_KEYS = ("pixel_values", "pixel_values_videos")
 RopeIndexFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 PLACEHOLDER = re.compile(r"<(image|video)>")
-
-
-@dataclass
-class VisionProcessorConfig:
-    """Prompt-side settings; the ``data.*`` keys of a VLM run."""
-
-    max_prompt_length: int
-    min_pixels: int | None = None  # image area bounds after resizing; None keeps the processor's
-    max_pixels: int | None = None
-    video_min_pixels: int | None = None  # per-frame area bounds for videos
-    video_max_pixels: int | None = None
-    video_fps: float = 2.0  # frames sampled per second of video...
-    video_min_frames: int = 2  # ...clamped to this range
-    video_max_frames: int = 16
-    truncation: str = "error"  # error | left | right: drop text tokens (never vision or special)
-    filter_overlong_prompts: bool = False  # drop (and count) prompts that cannot fit instead of raising
-    keep_raw_media: bool = False  # keep the raw media as non-tensor `multi_modal_data`
-    cache_size: int = 4096  # processed prompts kept (LRU); 0 disables the cache
-
-    @classmethod
-    def from_data_config(cls, data: Any) -> VisionProcessorConfig:
-        """Pick this class's fields from a ``data`` config (dataclass, dict or DictConfig)."""
-        get = data.get if isinstance(data, Mapping) else lambda k, d: getattr(data, k, d)
-        names = [f.name for f in fields(cls)]
-        return cls(**{k: get(k, None) for k in names if get(k, None) is not None})
-
-    def __post_init__(self) -> None:
-        if self.truncation not in ("error", "left", "right"):
-            raise ValueError(f"data.truncation={self.truncation!r}; expected 'error', 'left' or 'right'")
-        if not 1 <= self.video_min_frames <= self.video_max_frames:
-            raise ValueError(
-                f"need 1 <= data.video_min_frames ({self.video_min_frames}) <= "
-                f"data.video_max_frames ({self.video_max_frames})"
-            )
 
 
 @dataclass
@@ -113,7 +80,9 @@ def chat_prompt(processor: ProcessorMixin, problem: str, system: str | None = No
             content.append({"type": part})
         elif part:
             content.append({"type": "text", "text": part})
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": content}
+    ]
     return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
@@ -129,7 +98,7 @@ def model_rope_index(config: PretrainedConfig) -> RopeIndexFn:
 class VisionProcessor:
     """Owns the token layout of VLM prompts: tokens, mrope positions and visual inputs."""
 
-    def __init__(self, processor: ProcessorMixin, cfg: VisionProcessorConfig, rope_index: RopeIndexFn) -> None:
+    def __init__(self, processor: ProcessorMixin, cfg: DataConfig, rope_index: RopeIndexFn) -> None:
         self.processor, self.cfg, self.rope_index = processor, cfg, rope_index
         self.tokenizer = processor.tokenizer
         self.image_token_id = int(processor.image_token_id)
@@ -146,10 +115,14 @@ class VisionProcessor:
         self.cache_hits = self.cache_misses = 0
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, cfg: VisionProcessorConfig) -> VisionProcessor:
+    def from_pretrained(cls, path: str | Path, cfg: DataConfig) -> VisionProcessor:
         """Load the HF processor and the model config saved in ``path`` (no weights are read)."""
         processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-        return cls(processor, cfg, model_rope_index(AutoConfig.from_pretrained(path, local_files_only=True)))
+        return cls(
+            processor,
+            cfg,
+            model_rope_index(AutoConfig.from_pretrained(path, local_files_only=True)),
+        )
 
     @property
     def pad_token_id(self) -> int:
@@ -163,7 +136,11 @@ class VisionProcessor:
 
     def process(self, sample: VisionSample, sample_id: int = 0) -> ProcessedPrompt:
         """Process one sample, or return the cached result for the same content."""
-        key = sample.key if sample.key is not None else media_digest(sample.prompt, [*sample.images, *sample.videos])
+        key = (
+            sample.key
+            if sample.key is not None
+            else media_digest(sample.prompt, [*sample.images, *sample.videos])
+        )
         if key in self._cache:
             self.cache_hits += 1
             self._cache.move_to_end(key)
@@ -182,20 +159,30 @@ class VisionProcessor:
         kwargs: dict[str, Any] = {"return_tensors": "pt"}
         if media["image"]:
             kwargs["images"] = media["image"]
-            kwargs["images_kwargs"] = self._size_kwargs("image_processor", self.cfg.min_pixels, self.cfg.max_pixels)
+            kwargs["images_kwargs"] = self._size_kwargs(
+                "image_processor", self.cfg.min_pixels, self.cfg.max_pixels
+            )
         if media["video"]:
             frames, metadata = zip(*media["video"], strict=True)
             kwargs["videos"] = list(frames)
             kwargs["videos_kwargs"] = {
-                **self._size_kwargs("video_processor", self.cfg.video_min_pixels, self.cfg.video_max_pixels),
+                **self._size_kwargs(
+                    "video_processor", self.cfg.video_min_pixels, self.cfg.video_max_pixels
+                ),
                 "do_sample_frames": False,
                 "video_metadata": list(metadata),
             }
         out = self.processor(text=[sample.prompt], **kwargs)
         mm = {k: torch.as_tensor(out[k]) for k in IMAGE_KEYS + VIDEO_KEYS if k in out}
         input_ids, n_cut = self._fit_length(out["input_ids"][0], sample_id)
-        check_vision_tokens(input_ids[None], [mm], self.image_token_id, self.video_token_id,
-                            self.merge_size, [sample_id])
+        check_vision_tokens(
+            input_ids[None],
+            [mm],
+            self.image_token_id,
+            self.video_token_id,
+            self.merge_size,
+            [sample_id],
+        )
         # Positions of the final (truncated) tokens, by the model's own rope index: [3, 1, L].
         token_types = mm_token_type_ids(input_ids[None], self.image_token_id, self.video_token_id)
         grids = {k: v for k, v in mm.items() if k not in PIXEL_KEYS}
@@ -213,10 +200,16 @@ class VisionProcessor:
     def video_sampling(self) -> dict[str, Any]:
         """How videos become frames (:func:`~mmrl.processors.media.read_video` arguments)."""
         c = self.cfg
-        return {"fps": c.video_fps, "min_frames": c.video_min_frames, "max_frames": c.video_max_frames,
-                "frame_multiple": self.temporal_patch_size}
+        return {
+            "fps": c.video_fps,
+            "min_frames": c.video_min_frames,
+            "max_frames": c.video_max_frames,
+            "frame_multiple": self.temporal_patch_size,
+        }
 
-    def _size_kwargs(self, which: str, min_pixels: int | None, max_pixels: int | None) -> dict[str, Any]:
+    def _size_kwargs(
+        self, which: str, min_pixels: int | None, max_pixels: int | None
+    ) -> dict[str, Any]:
         if min_pixels is None and max_pixels is None:
             return {}
         size = dict(getattr(self.processor, which).size)
@@ -225,36 +218,54 @@ class VisionProcessor:
         return {"size": size}
 
     def _check_placeholders(self, sample: VisionSample, sample_id: int) -> None:
-        for kind, token, items in (("image", "<|image_pad|>", sample.images), ("video", "<|video_pad|>", sample.videos)):
+        for kind, token, items in (
+            ("image", "<|image_pad|>", sample.images),
+            ("video", "<|video_pad|>", sample.videos),
+        ):
             found = sample.prompt.count(token)
             if found != len(items):
-                hint = (" The prompt looks processed already (expanded placeholders)." if found > len(items) > 0
-                        else " Build prompts with mmrl.processors.chat_prompt, which turns <image>/<video> "
-                        "into one placeholder each.")
+                hint = (
+                    " The prompt looks processed already (expanded placeholders)."
+                    if found > len(items) > 0
+                    else " Build prompts with mmrl.processors.chat_prompt, which turns "
+                    "<image>/<video> "
+                    "into one placeholder each."
+                )
                 raise ValueError(
-                    f"sample {sample_id}: prompt has {found} {token} placeholders but {len(items)} {kind}s "
+                    f"sample {sample_id}: prompt has {found} {token} placeholders but {len(items)} "
+                    f"{kind}s "
                     f"were given; expected one placeholder per {kind}.{hint}"
                 )
 
     def _fit_length(self, input_ids: torch.Tensor, sample_id: int) -> tuple[torch.Tensor, int]:
-        """Drop text tokens per ``cfg.truncation`` until the prompt fits; never vision or special tokens."""
+        """Drop text tokens per ``cfg.truncation`` until the prompt fits; never vision or special
+        tokens.
+        """
         limit, n = self.cfg.max_prompt_length, len(input_ids)
         if n <= limit:
             return input_ids, 0
         protected = self._protected(input_ids)
-        n_vision = int(((input_ids == self.image_token_id) | (input_ids == self.video_token_id)).sum())
+        n_vision = int(
+            ((input_ids == self.image_token_id) | (input_ids == self.video_token_id)).sum()
+        )
         removable = (~protected).nonzero().flatten()
         excess = n - limit
         if self.cfg.truncation == "error" or len(removable) < excess:
-            why = ("data.truncation='error'" if self.cfg.truncation == "error" else
-                   f"even without its {len(removable)} text tokens it has {n - len(removable)} "
-                   "vision and special tokens")
+            why = (
+                "data.truncation='error'"
+                if self.cfg.truncation == "error"
+                else f"even without its {len(removable)} text tokens it has {n - len(removable)} "
+                "vision and special tokens"
+            )
             raise PromptTooLongError(
-                f"sample {sample_id}: prompt has {n} tokens ({n_vision} of them vision tokens), more than "
+                f"sample {sample_id}: prompt has {n} tokens ({n_vision} of them vision tokens), "
+                "more than "
                 f"data.max_prompt_length={limit}, and {why}. Raise max_prompt_length, lower "
-                f"max_pixels ({self.cfg.max_pixels or self.processor.image_processor.size['longest_edge']}) "
+                "max_pixels "
+                f"({self.cfg.max_pixels or self.processor.image_processor.size['longest_edge']}) "
                 f"or video_max_frames ({self.cfg.video_max_frames}), "
-                "set data.truncation=left|right, or set data.filter_overlong_prompts=true to drop it"
+                "set data.truncation=left|right, or set data.filter_overlong_prompts=true to drop "
+                "it"
             )
         drop = removable[:excess] if self.cfg.truncation == "left" else removable[-excess:]
         keep = torch.ones(n, dtype=torch.bool)
@@ -307,13 +318,22 @@ class VisionProcessor:
         per_sample = {k: _take(v, keep) for k, v in (non_tensor or {}).items()}
         per_sample["raw_prompt"] = _take([s.prompt for s in samples], keep)
         # Shared with the cache: treat these dicts as read-only.
-        per_sample["multi_modal_inputs"] = _take([p.multi_modal_inputs for p in done], range(len(done)))
+        per_sample["multi_modal_inputs"] = _take(
+            [p.multi_modal_inputs for p in done], range(len(done))
+        )
         if self.cfg.keep_raw_media:
             # With the frame sampling, so that the vLLM engine decodes the same frames from a video.
-            raw = [{"image": s.images, "video": s.videos, "video_sampling": self.video_sampling} for s in samples]
+            raw = [
+                {"image": s.images, "video": s.videos, "video_sampling": self.video_sampling}
+                for s in samples
+            ]
             per_sample["multi_modal_data"] = _take(raw, keep)
         return Batch.from_dict(
-            tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
+            tensors={
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "position_ids": position_ids,
+            },
             non_tensor=per_sample,
             meta={
                 "num_filtered_prompts": len(samples) - len(keep),
@@ -330,9 +350,17 @@ class VisionProcessor:
 
     def cache_info(self) -> dict[str, int]:
         """Hits, misses, entries and the bytes held by cached tensors."""
-        held = sum(t.numel() * t.element_size() for p in self._cache.values()
-                   for t in (p.input_ids, p.position_ids, *p.multi_modal_inputs.values()))
-        return {"hits": self.cache_hits, "misses": self.cache_misses, "entries": len(self._cache), "bytes": held}
+        held = sum(
+            t.numel() * t.element_size()
+            for p in self._cache.values()
+            for t in (p.input_ids, p.position_ids, *p.multi_modal_inputs.values())
+        )
+        return {
+            "hits": self.cache_hits,
+            "misses": self.cache_misses,
+            "entries": len(self._cache),
+            "bytes": held,
+        }
 
 
 def _take(values: Sequence[Any], rows: Sequence[int]) -> np.ndarray:

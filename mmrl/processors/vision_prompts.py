@@ -9,6 +9,7 @@ task's ``ground_truth`` and ``extra_info``, and decodes responses to ``response_
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,22 +17,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from transformers import ProcessorMixin
 
-from mmrl.processors.vision import VisionProcessor, VisionProcessorConfig, VisionSample
+from mmrl.processors.vision import VisionProcessor, VisionSample
 from mmrl.protocol import Batch
 
 if TYPE_CHECKING:
-    from mmrl.config import RunConfig
+    from mmrl.config import DataConfig, RunConfig
 
 SamplesFn = Callable[[Any, ProcessorMixin, str], list[VisionSample]]
 
 
-def vision_processor_config(cfg: RunConfig) -> VisionProcessorConfig:
+def vision_data_config(cfg: RunConfig) -> DataConfig:
     """The ``data.*`` keys of a VLM run. The vLLM engine runs its own processor on the raw
     images, so ``rollout.name=vllm`` keeps them (``keep_raw_media``)."""
-    vcfg = VisionProcessorConfig.from_data_config(cfg.data)
-    if cfg.actor_rollout_ref.rollout.name == "vllm":
-        vcfg.keep_raw_media = True
-    return vcfg
+    if cfg.actor_rollout_ref.rollout.name == "vllm" and not cfg.data.keep_raw_media:
+        return dataclasses.replace(cfg.data, keep_raw_media=True)
+    return cfg.data
 
 
 class VisionPromptProcessor:
@@ -41,20 +41,30 @@ class VisionPromptProcessor:
         self.vision, self.samples = vision, samples
 
     @classmethod
-    def from_pretrained(cls, model_path: str | Path, cfg: RunConfig, samples: SamplesFn) -> VisionPromptProcessor:
-        return cls(VisionProcessor.from_pretrained(model_path, vision_processor_config(cfg)), samples)
+    def from_pretrained(
+        cls, model_path: str | Path, cfg: RunConfig, samples: SamplesFn
+    ) -> VisionPromptProcessor:
+        return cls(VisionProcessor.from_pretrained(model_path, vision_data_config(cfg)), samples)
 
     @property
     def pad_token_id(self) -> int:
         return self.vision.pad_token_id
 
-    def encode_dataset(self, dataset: Any, split: str, extra: dict[str, list] | None = None) -> Batch:
+    def encode_dataset(
+        self, dataset: Any, split: str, extra: dict[str, list] | None = None
+    ) -> Batch:
         """The prompt Batch of ``dataset`` (a :class:`~mmrl.data.VisionPromptDataset`) with
         ``ground_truth``, ``extra_info`` and any ``extra`` per-row fields as non-tensor fields."""
         if len(dataset) == 0:
-            raise ValueError(f"the {split} dataset is empty: check the task's {split} files or size settings")
+            raise ValueError(
+                f"the {split} dataset is empty: check the task's {split} files or size settings"
+            )
         samples = self.samples(dataset, self.vision.processor, split)
-        fields = {"ground_truth": dataset.ground_truth, "extra_info": dataset.extra_info, **(extra or {})}
+        fields = {
+            "ground_truth": dataset.ground_truth,
+            "extra_info": dataset.extra_info,
+            **(extra or {}),
+        }
         return self.vision.encode(samples, fields)
 
     def decode(self, batch: Batch) -> Batch:

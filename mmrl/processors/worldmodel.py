@@ -58,12 +58,21 @@ class FrameWindows:
 
     def __getitem__(self, idx: Any) -> FrameWindows:
         idx = np.arange(len(self))[idx]
-        return FrameWindows(self.context[idx], self.actions[idx], self.future[idx], self.env,
-                            [self.sources[i] for i in np.atleast_1d(idx)])
+        return FrameWindows(
+            self.context[idx],
+            self.actions[idx],
+            self.future[idx],
+            self.env,
+            [self.sources[i] for i in np.atleast_1d(idx)],
+        )
 
 
 def load_windows(
-    source: Any, context: int, future: int, n: int | None = None, seed: int = 0,
+    source: Any,
+    context: int,
+    future: int,
+    n: int | None = None,
+    seed: int = 0,
     env: dict[str, Any] | None = None,
 ) -> FrameWindows:
     """Every window of ``context + future`` frames of a trajectory source (a
@@ -79,20 +88,28 @@ def load_windows(
     if env is None and getattr(source, "index", None) and source.index.get("env"):
         env = {"name": source.index["env"], "config": dict(source.index.get("env_config", {}))}
     return FrameWindows(
-        np.stack([w.context for w in items]), np.stack([w.actions for w in items]).astype(np.float32),
-        np.stack([w.future for w in items]), env, [f"{w.source}@{w.start}" for w in items],
+        np.stack([w.context for w in items]),
+        np.stack([w.actions for w in items]).astype(np.float32),
+        np.stack([w.future for w in items]),
+        env,
+        [f"{w.source}@{w.start}" for w in items],
     )
 
 
 class WorldModelPromptProcessor:
     """The fit loop's :class:`~mmrl.processors.base.PromptProcessor` for the token world model."""
 
-    def __init__(self, tokens: TokenWorldModelProcessor, tokenizer: VQTokenizer,
-                 max_prompt_length: int | None = None) -> None:
+    def __init__(
+        self,
+        tokens: TokenWorldModelProcessor,
+        tokenizer: VQTokenizer,
+        max_prompt_length: int | None = None,
+    ) -> None:
         tokens.check_tokenizer(tokenizer)
         if max_prompt_length is not None and tokens.prompt_length > max_prompt_length:
             raise ValueError(
-                f"world-model prompts have {tokens.prompt_length} tokens ({tokens.context} frames of "
+                f"world-model prompts have {tokens.prompt_length} tokens ({tokens.context} frames "
+                "of "
                 f"{tokens.layout.tokens_per_frame} + actions), more than data.max_prompt_length="
                 f"{max_prompt_length}"
             )
@@ -115,11 +132,16 @@ class WorldModelPromptProcessor:
         if frames.ndim != 5 or frames.shape[1] != k or frames.shape[2:] != (size, size, 3):
             raise ValueError(
                 f"context frames must be uint8 [N, {k}, {size}, {size}, 3] for this model, found "
-                f"{list(frames.shape)} (from {windows.sources[0] if len(windows) else 'no windows'})"
+                f"{list(frames.shape)} (from "
+                f"{windows.sources[0] if len(windows) else 'no windows'})"
             )
-        codes = self.tokenizer.encode(frames.reshape(-1, size, size, 3)).reshape(len(frames), k, *self.tokenizer.grid)
-        return torch.tensor([self.tokens.build_prompt(c, a) for c, a in zip(codes, windows.actions, strict=True)],
-                            dtype=torch.long)
+        codes = self.tokenizer.encode(frames.reshape(-1, size, size, 3)).reshape(
+            len(frames), k, *self.tokenizer.grid
+        )
+        return torch.tensor(
+            [self.tokens.build_prompt(c, a) for c, a in zip(codes, windows.actions, strict=True)],
+            dtype=torch.long,
+        )
 
     def encode_dataset(self, dataset: FrameWindows, split: str) -> Batch:
         """Prompts ``[N, P]`` (no padding needed: all have one length) plus ``gt_frames``
@@ -139,19 +161,27 @@ class WorldModelPromptProcessor:
 
             env = make_env(dataset.env["name"], **dataset.env["config"])
             non_tensor["env"] = [dataset.env] * len(dataset)
-            non_tensor["ground_truth"] = [[env.state_from_frame(f) for f in fut] for fut in dataset.future]
+            non_tensor["ground_truth"] = [
+                [env.state_from_frame(f) for f in fut] for fut in dataset.future
+            ]
         batch = Batch.from_dict(
-            tensors={"input_ids": input_ids, "attention_mask": mask,
-                     "position_ids": torch.arange(input_ids.shape[1]).expand_as(input_ids).clone(),
-                     "gt_frames": torch.from_numpy(np.ascontiguousarray(dataset.future))},
+            tensors={
+                "input_ids": input_ids,
+                "attention_mask": mask,
+                "position_ids": torch.arange(input_ids.shape[1]).expand_as(input_ids).clone(),
+                "gt_frames": torch.from_numpy(np.ascontiguousarray(dataset.future)),
+            },
             non_tensor={k: _object_array(v) for k, v in non_tensor.items()},
             meta={"num_filtered_prompts": 0},
         )
         return batch
 
     def decode(self, batch: Batch) -> Batch:
-        """Add ``pred_frames`` float32 [B, F, H, W, 3] (NaN where undecodable) and ``decode_error``."""
-        frames, valid, reasons = self.tokens.decode_frames(batch["responses"].tolist(), self.tokenizer)
+        """Add ``pred_frames`` float32 [B, F, H, W, 3] (NaN where undecodable) and
+        ``decode_error``."""
+        frames, valid, reasons = self.tokens.decode_frames(
+            batch["responses"].tolist(), self.tokenizer
+        )
         pred = torch.from_numpy(frames).float().div_(255.0)
         pred[torch.from_numpy(~valid)] = float("nan")
         batch["pred_frames"] = pred
@@ -161,7 +191,11 @@ class WorldModelPromptProcessor:
     def sampling_overrides(self) -> dict[str, Any]:
         """Visual tokens only, exactly ``F * tokens_per_frame`` of them."""
         n = self.tokens.response_length
-        return {"allowed_token_ids": tuple(self.tokens.allowed_token_ids()), "min_tokens": n, "max_tokens": n}
+        return {
+            "allowed_token_ids": tuple(self.tokens.allowed_token_ids()),
+            "min_tokens": n,
+            "max_tokens": n,
+        }
 
 
 def _object_array(values: Sequence[Any]) -> np.ndarray:

@@ -25,7 +25,9 @@ class HFRollout:
     weights and needs no weight sync.
     """
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, **_: object) -> None:
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, **_: object
+    ) -> None:
         self.model = model
         self.eos_token_id = int(tokenizer.eos_token_id)
         self.pad_token_id = int(tokenizer.pad_token_id)
@@ -66,7 +68,11 @@ class HFRollout:
         self.model.train(was_training)
 
         responses, log_probs = generated_responses(
-            out.sequences, out.scores, prompts["input_ids"].shape[1], sampling.max_tokens, self.pad_token_id
+            out.sequences,
+            out.scores,
+            prompts["input_ids"].shape[1],
+            sampling.max_tokens,
+            self.pad_token_id,
         )
         out = finish_rollout(prompts, responses, log_probs, stop_ids, self.pad_token_id)
         out.meta[SUPPORT_KEY] = sampling_support(sampling, stop_ids)
@@ -75,7 +81,9 @@ class HFRollout:
     def _constraints(self, sampling: SamplingParams) -> LogitsProcessorList:
         if sampling.allowed_token_ids is None:
             return LogitsProcessorList()
-        allowed = set(sampling.allowed_token_ids) | set(sampling.stop_token_ids) | {self.eos_token_id}
+        allowed = (
+            set(sampling.allowed_token_ids) | set(sampling.stop_token_ids) | {self.eos_token_id}
+        )
         return LogitsProcessorList([AllowedTokensProcessor(sorted(allowed))])
 
 

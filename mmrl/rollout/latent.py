@@ -52,11 +52,15 @@ class LatentRollout:
         k, f = context.shape[1], sampling.max_tokens
         if actions.shape[1] != k + f - 1:
             raise ValueError(
-                f"sampling {f} latent frames after {k} context frames needs actions [B, {k + f - 1}, A], "
-                f"found {list(actions.shape)} (max_tokens comes from the processor's sampling_overrides)"
+                f"sampling {f} latent frames after {k} context frames needs actions [B, "
+                f"{k + f - 1}, A], "
+                f"found {list(actions.shape)} (max_tokens comes from the processor's "
+                "sampling_overrides)"
             )
         if sampling.do_sample and sampling.temperature <= 0:
-            raise ValueError(f"sampling a Gaussian needs temperature > 0, found {sampling.temperature}")
+            raise ValueError(
+                f"sampling a Gaussian needs temperature > 0, found {sampling.temperature}"
+            )
         generator = torch.Generator()
         if sampling.seed is not None:
             generator.manual_seed(sampling.seed)
@@ -88,7 +92,9 @@ def finish_latent_rollout(prompts: Batch, latents: torch.Tensor, log_probs: torc
     out["attention_mask"] = torch.cat([prompts["attention_mask"], mask.long()], dim=1)
     if "position_ids" in prompts:
         last = prompts["position_ids"][:, -1:]
-        out["position_ids"] = torch.cat([prompts["position_ids"], last + torch.arange(1, f + 1, device=last.device)], 1)
+        out["position_ids"] = torch.cat(
+            [prompts["position_ids"], last + torch.arange(1, f + 1, device=last.device)], 1
+        )
     out["response_latents"] = latents
     out["response_mask"] = mask
     out["rollout_log_probs"] = log_probs.float()

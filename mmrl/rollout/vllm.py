@@ -38,7 +38,9 @@ os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 import vllm  # noqa: E402
 from vllm.inputs import TokensPrompt  # noqa: E402
-from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod  # noqa: E402
+from vllm.model_executor.layers.vocab_parallel_embedding import (  # noqa: E402
+    UnquantizedEmbeddingMethod,
+)
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 NAME_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
@@ -69,7 +71,8 @@ class VLLMRollout:
             dtype = DTYPE_NAMES[next(model.parameters()).dtype] if model is not None else "float32"
         if dtype not in NAME_DTYPES:
             raise ValueError(
-                f"actor_rollout_ref.rollout.dtype={cfg.dtype!r}; expected 'auto' or one of {sorted(NAME_DTYPES)}"
+                f"actor_rollout_ref.rollout.dtype={cfg.dtype!r}; expected 'auto' or one of "
+                f"{sorted(NAME_DTYPES)}"
             )
         self.dtype = NAME_DTYPES[dtype]
         self.vision = VisionPrompts.from_config(
@@ -89,7 +92,8 @@ class VLLMRollout:
             enable_prefix_caching=cfg.enable_prefix_caching,
             max_num_seqs=cfg.max_num_seqs,
             logprobs_mode="processed_logprobs",
-            # Sampling is defined only by our SamplingParams, not the model's generation_config.json.
+            # Sampling is defined only by our SamplingParams, not the model's
+            # generation_config.json.
             generation_config="vllm",
             tensor_parallel_size=1,
             seed=0,
@@ -121,8 +125,11 @@ class VLLMRollout:
         stop_ids = {self.eos_token_id, *sampling.stop_token_ids}
         suppressed = self.vision.suppressed_token_ids if self.vision is not None else ()
         params = self._request_params(sampling, stop_ids, len(token_ids), suppressed)
-        requests = (self.vision.requests(prompts, token_ids) if self.vision is not None
-                    else [TokensPrompt(prompt_token_ids=ids) for ids in token_ids])
+        requests = (
+            self.vision.requests(prompts, token_ids)
+            if self.vision is not None
+            else [TokensPrompt(prompt_token_ids=ids) for ids in token_ids]
+        )
         start = time.perf_counter()
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         elapsed_s = time.perf_counter() - start
@@ -159,7 +166,8 @@ class VLLMRollout:
             kept = ids[mask.bool()].tolist()
             if len(kept) > limit:
                 raise ValueError(
-                    f"sample {i}: prompt has {len(kept)} tokens, but max_model_len={self.max_model_len} "
+                    f"sample {i}: prompt has {len(kept)} tokens, but "
+                    f"max_model_len={self.max_model_len} "
                     f"minus max_tokens={max_tokens} leaves room for {limit}"
                 )
             token_ids.append(kept)
@@ -216,22 +224,33 @@ class VisionPrompts:
 
     @classmethod
     def from_config(cls, config, tokenizer_size: int) -> VisionPrompts | None:
-        """None for a text model; ids above the tokenizer's (padded embedding rows) are suppressed too."""
-        if getattr(config, "vision_config", None) is None or getattr(config, "image_token_id", None) is None:
+        """None for a text model; ids above the tokenizer's (padded embedding rows) are suppressed
+        too.
+        """
+        if (
+            getattr(config, "vision_config", None) is None
+            or getattr(config, "image_token_id", None) is None
+        ):
             return None
         names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
         vision = {int(getattr(config, n)) for n in names if getattr(config, n, None) is not None}
         padded = range(tokenizer_size, config.get_text_config().vocab_size)
-        placeholders = tuple(int(getattr(config, n)) for n in names[:2] if getattr(config, n, None) is not None)
+        placeholders = tuple(
+            int(getattr(config, n)) for n in names[:2] if getattr(config, n, None) is not None
+        )
         return cls(placeholders, tuple(sorted({*vision, *padded})))
 
     def requests(self, prompts: Batch, token_ids: list[list[int]]) -> list[TokensPrompt]:
         if "multi_modal_inputs" in prompts and "multi_modal_data" not in prompts:
             raise ValueError(
-                "the vLLM engine needs the raw images of VLM prompts (non-tensor multi_modal_data): "
-                "set data.keep_raw_media=true"
+                "the vLLM engine needs the raw images of VLM prompts (non-tensor "
+                "multi_modal_data): set data.keep_raw_media=true"
             )
-        media = prompts["multi_modal_data"] if "multi_modal_data" in prompts else [None] * len(token_ids)
+        media = (
+            prompts["multi_modal_data"]
+            if "multi_modal_data" in prompts
+            else [None] * len(token_ids)
+        )
         out = []
         for ids, raw in zip(token_ids, media, strict=True):
             request = TokensPrompt(prompt_token_ids=self.collapse(ids))
@@ -247,21 +266,29 @@ class VisionPrompts:
 
     def collapse(self, ids: list[int]) -> list[int]:
         """One placeholder per image/video: drop a placeholder that repeats the token before it."""
-        return [t for j, t in enumerate(ids) if not (j and t == ids[j - 1] and t in self.placeholder_ids)]
+        return [
+            t
+            for j, t in enumerate(ids)
+            if not (j and t == ids[j - 1] and t in self.placeholder_ids)
+        ]
 
     @staticmethod
     def check_expansion(outputs, token_ids: list[list[int]]) -> None:
         for i, (output, ids) in enumerate(zip(outputs, token_ids, strict=True)):
             if len(output.prompt_token_ids) != len(ids):
                 raise ValueError(
-                    f"sample {i}: vLLM expanded the prompt to {len(output.prompt_token_ids)} tokens but "
-                    f"the prompt Batch has {len(ids)}: vLLM's processor (from the checkpoint) resized "
-                    "the images differently; make data.min_pixels/max_pixels match the saved processor"
+                    f"sample {i}: vLLM expanded the prompt to {len(output.prompt_token_ids)} "
+                    "tokens but "
+                    f"the prompt Batch has {len(ids)}: vLLM's processor (from the checkpoint) "
+                    "resized "
+                    "the images differently; make data.min_pixels/max_pixels match the saved "
+                    "processor"
                 )
 
 
 def sampled_video(video, sampling: dict) -> tuple[np.ndarray, dict]:
-    """The frames the training processor saw and their metadata, in vLLM's ``(frames, metadata)`` form.
+    """The frames the training processor saw and their metadata, in vLLM's ``(frames, metadata)``
+    form.
 
     Frames are sampled again with the prompt processor's settings rather than by vLLM, and
     ``do_sample_frames=False`` stops the HF processor inside vLLM from sampling them a second

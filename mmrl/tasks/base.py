@@ -41,7 +41,8 @@ class PromptDataset:
     def __post_init__(self) -> None:
         if len(self.prompts) != len(self.ground_truth):
             raise ValueError(
-                f"dataset has {len(self.prompts)} prompts but {len(self.ground_truth)} ground truths"
+                f"dataset has {len(self.prompts)} prompts but {len(self.ground_truth)} ground "
+                "truths"
             )
         if not self.extra_info:
             self.extra_info = [{} for _ in self.prompts]
@@ -98,7 +99,9 @@ class Task:
         build the model from config and warm it up with SFT on :meth:`sft_pairs`."""
         return None
 
-    def on_fit_end(self, cfg: RunConfig, base_dir: Path, actor_dir: Path, history: list[dict]) -> dict[str, Any]:
+    def on_fit_end(
+        self, cfg: RunConfig, base_dir: Path, actor_dir: Path, history: list[dict]
+    ) -> dict[str, Any]:
         """Task-specific work after RL (held-out comparisons, reports), given the starting
         model and the final actor; returns entries for ``summary.json``. Nothing by default."""
         return {}
@@ -106,4 +109,6 @@ class Task:
     def build_prompt_processor(self, model_path: Path, cfg: RunConfig) -> PromptProcessor:
         """The processor for this task's prompts and responses; text by default."""
         tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-        return TextProcessor(tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts)
+        return TextProcessor(
+            tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts
+        )

@@ -29,7 +29,10 @@ def append_targets(prompts: Batch, targets: Sequence[str], tokenizer) -> Batch:
     Adds ``responses`` and ``response_mask`` [B, T] (right-padded) and extends
     ``input_ids``/``attention_mask`` to [B, P + T] and ``position_ids`` to [B, 3, P + T].
     """
-    rows = [tokenizer(str(t), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for t in targets]
+    rows = [
+        tokenizer(str(t), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        for t in targets
+    ]
     width = max(len(r) for r in rows)
     responses = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.float32)
@@ -55,8 +58,13 @@ def sft_train_vlm(
     )
     # Linear warm-up over the first 10% of steps, then cosine decay to zero.
     warmup = max(1, cfg.steps // 10)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(
-        (s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * max(0, s + 1 - warmup) / max(1, cfg.steps - warmup)))))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: min(
+            (s + 1) / warmup,
+            0.5 * (1 + math.cos(math.pi * max(0, s + 1 - warmup) / max(1, cfg.steps - warmup))),
+        ),
+    )
     rng = np.random.default_rng(seed)
     model.train()
     losses = []
@@ -78,12 +86,20 @@ def sft_train_vlm(
 
 
 def warm_up_vlm(
-    model: PreTrainedModel, hf_processor, prompt_processor, dataset, targets: Sequence[str],
-    cfg: SFTConfig, seed: int, progress: bool = True,
+    model: PreTrainedModel,
+    hf_processor,
+    prompt_processor,
+    dataset,
+    targets: Sequence[str],
+    cfg: SFTConfig,
+    seed: int,
+    progress: bool = True,
 ) -> dict[str, float]:
-    """SFT ``model`` on (``dataset`` prompt with its images, target) pairs; returns ``sft/*`` metrics.
+    """SFT ``model`` on (``dataset`` prompt with its images, target) pairs; returns ``sft/*``
+    metrics.
 
-    ``prompt_processor`` is the run's :class:`~mmrl.processors.vision_prompts.VisionPromptProcessor`,
+    ``prompt_processor`` is the run's
+    :class:`~mmrl.processors.vision_prompts.VisionPromptProcessor`,
     so prompts that the data limits filter out are dropped here too.
     """
     if cfg.steps <= 0:
@@ -91,4 +107,8 @@ def warm_up_vlm(
     prompts = prompt_processor.encode_dataset(dataset, "train", extra={"sft_target": list(targets)})
     batch = append_targets(prompts, prompts["sft_target"], hf_processor.tokenizer)
     losses = sft_train_vlm(model, batch, cfg, seed, progress)
-    return {"sft/steps": cfg.steps, "sft/batch_size": cfg.batch_size, "sft/final_loss": float(np.mean(losses[-10:]))}
+    return {
+        "sft/steps": cfg.steps,
+        "sft/batch_size": cfg.batch_size,
+        "sft/final_loss": float(np.mean(losses[-10:])),
+    }

@@ -32,7 +32,9 @@ class TextAdditionConfig:
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """A character-level tokenizer; saved and reloaded with ``save_pretrained``."""
-    vocab = {tok: i for i, tok in enumerate([SPECIAL["pad"], SPECIAL["eos"], SPECIAL["bos"], *CHARS])}
+    vocab = {
+        tok: i for i, tok in enumerate([SPECIAL["pad"], SPECIAL["eos"], SPECIAL["bos"], *CHARS])
+    }
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL["pad"]))
     core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     core.decoder = decoders.Fuse()

@@ -51,8 +51,12 @@ class VisionParquetTask(Task):
 
     def _load(self, files: list[str], max_rows: int | None) -> VisionPromptDataset:
         c = self.cfg
-        parts = [load_vision_parquet(f, c.problem_key, c.answer_key, c.images_key, c.videos_key, max_rows)
-                 for f in files]
+        parts = [
+            load_vision_parquet(
+                f, c.problem_key, c.answer_key, c.images_key, c.videos_key, max_rows
+            )
+            for f in files
+        ]
         return VisionPromptDataset(
             problems=[p for d in parts for p in d.problems],
             ground_truth=[a for d in parts for a in d.ground_truth],
@@ -68,7 +72,9 @@ class VisionParquetTask(Task):
 
     def build_processor(self) -> ProcessorMixin:
         if not self.cfg.model_path:
-            raise ValueError("task.model_path is not set: point it at the model's save_pretrained directory")
+            raise ValueError(
+                "task.model_path is not set: point it at the model's save_pretrained directory"
+            )
         return AutoProcessor.from_pretrained(self.cfg.model_path, local_files_only=True)
 
     def build_tokenizer(self) -> PreTrainedTokenizerBase:
@@ -79,8 +85,12 @@ class VisionParquetTask(Task):
             "task vision_parquet trains an existing checkpoint: set actor_rollout_ref.model.path"
         )
 
-    def samples(self, dataset: VisionPromptDataset, processor: ProcessorMixin, split: str) -> list[VisionSample]:
-        return dataset.samples(processor, self.cfg.system_prompt, self.cfg.instruction, key_prefix=split)
+    def samples(
+        self, dataset: VisionPromptDataset, processor: ProcessorMixin, split: str
+    ) -> list[VisionSample]:
+        return dataset.samples(
+            processor, self.cfg.system_prompt, self.cfg.instruction, key_prefix=split
+        )
 
     def build_prompt_processor(self, model_path: Path, cfg: RunConfig) -> VisionPromptProcessor:
         return VisionPromptProcessor.from_pretrained(model_path, cfg, self.samples)

@@ -1,6 +1,7 @@
 """A procedural visual-reasoning task: which of two colours has more shapes in a rendered image.
 
-The image holds ``a`` shapes of one colour and ``b`` of another, ``|a - b| >= min_margin`` (plus shapes of
+The image holds ``a`` shapes of one colour and ``b`` of another, ``|a - b| >= min_margin`` (plus
+shapes of
 a third colour); the prompt asks "Are there more red or blue shapes?" and the ground truth is
 the colour with more shapes. The answer is one of two words, so every sampled answer's reward
 tells the policy which one is right: GRPO gets almost a label per prompt, and a short RL run
@@ -46,11 +47,15 @@ def make_comparison_dataset(cfg: VisualComparisonConfig, n: int, seed: int) -> V
     if len(cfg.colors) < 2:
         raise ValueError(f"visual_comparison needs at least 2 colours, found {cfg.colors}")
     if not 1 <= cfg.min_count <= cfg.max_count - cfg.min_margin:
-        raise ValueError(f"need 1 <= min_count <= max_count - min_margin, found {cfg.min_count}, "
-                         f"{cfg.max_count}, {cfg.min_margin}")
+        raise ValueError(
+            f"need 1 <= min_count <= max_count - min_margin, found {cfg.min_count}, "
+            f"{cfg.max_count}, {cfg.min_margin}"
+        )
     if 2 * cfg.max_count + cfg.max_distractors > cfg.grid**2:
-        raise ValueError(f"2 * max_count + max_distractors = {2 * cfg.max_count + cfg.max_distractors} shapes "
-                         f"do not fit a {cfg.grid}x{cfg.grid} grid")
+        raise ValueError(
+            f"2 * max_count + max_distractors = {2 * cfg.max_count + cfg.max_distractors} shapes "
+            f"do not fit a {cfg.grid}x{cfg.grid} grid"
+        )
     rng = random.Random(seed)
     problems, answers, images, extra = [], [], [], []
     for _ in range(n):
@@ -62,7 +67,9 @@ def make_comparison_dataset(cfg: VisualComparisonConfig, n: int, seed: int) -> V
         first, second = (more, fewer) if rng.random() < 0.5 else (fewer, more)
         buf = io.BytesIO()
         draw_shapes(rng, cfg.image_size, cfg.grid, fills).save(buf, format="PNG")
-        problems.append(cfg.problem.format(question=cfg.question.format(first=first, second=second)))
+        problems.append(
+            cfg.problem.format(question=cfg.question.format(first=first, second=second))
+        )
         answers.append(more)
         images.append([buf.getvalue()])
         extra.append({"first": first, "second": second, "counts": {more: n_more, fewer: n_fewer}})
@@ -81,7 +88,8 @@ def comparison_target(answer: str) -> str:
 
 @register_task("visual_comparison")
 class VisualComparisonTask(VisualCountingTask):
-    """The tiny Qwen2-VL, processor and SFT warm-up of :class:`VisualCountingTask`, on comparisons."""
+    """The tiny Qwen2-VL, processor and SFT warm-up of :class:`VisualCountingTask`, on
+    comparisons."""
 
     config_class = VisualComparisonConfig
 

@@ -29,7 +29,12 @@ from mmrl.tasks.sft_vlm import warm_up_vlm
 if TYPE_CHECKING:
     from mmrl.config import RunConfig
 
-COLORS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
+COLORS = {
+    "red": (220, 40, 40),
+    "green": (40, 170, 60),
+    "blue": (40, 80, 220),
+    "yellow": (230, 200, 30),
+}
 SHAPES = ("circle", "square", "triangle")
 
 
@@ -49,12 +54,16 @@ class VisualCountingConfig:
     # the image tokens see the asked colour (causal attention), which a 2-layer model needs.
     problem: str = "{question}<image>"
     instruction: str = " Think in <think></think>, then answer in <answer></answer>."
-    model: dict[str, Any] = field(default_factory=dict)  # text-decoder overrides of tiny_qwen2_vl_config
+    model: dict[str, Any] = field(
+        default_factory=dict
+    )  # text-decoder overrides of tiny_qwen2_vl_config
     vision: dict[str, Any] = field(default_factory=dict)  # vision-tower overrides
     sft: SFTConfig = field(default_factory=SFTConfig)
 
 
-def render_shapes(rng: random.Random, cfg: VisualCountingConfig, color: str, count: int) -> Image.Image:
+def render_shapes(
+    rng: random.Random, cfg: VisualCountingConfig, color: str, count: int
+) -> Image.Image:
     """An RGB image with ``count`` shapes of ``color`` and up to ``max_distractors`` others."""
     others = [c for c in cfg.colors if c != color]
     n_distractors = rng.randint(0, min(cfg.max_distractors, cfg.grid**2 - count)) if others else 0
@@ -63,7 +72,8 @@ def render_shapes(rng: random.Random, cfg: VisualCountingConfig, color: str, cou
 
 
 def draw_shapes(rng: random.Random, image_size: int, grid: int, fills: list[str]) -> Image.Image:
-    """An RGB image with one random shape per colour in ``fills``, each in its own random grid cell."""
+    """An RGB image with one random shape per colour in ``fills``, each in its own random grid
+    cell."""
     cells = rng.sample(range(grid**2), len(fills))
     cell = image_size / grid
     image = Image.new("RGB", (image_size, image_size), (245, 245, 245))
@@ -80,14 +90,19 @@ def draw_shapes(rng: random.Random, image_size: int, grid: int, fills: list[str]
         elif shape == "square":
             draw.rectangle(box, fill=COLORS[fill])
         else:
-            draw.polygon([(x0 + size / 2, y0), (x0, y0 + size), (x0 + size, y0 + size)], fill=COLORS[fill])
+            draw.polygon(
+                [(x0 + size / 2, y0), (x0, y0 + size), (x0 + size, y0 + size)], fill=COLORS[fill]
+            )
     return image
 
 
 def make_counting_dataset(cfg: VisualCountingConfig, n: int, seed: int) -> VisionPromptDataset:
     """``n`` problems; images are PNG bytes, as in the parquet layout."""
     if not 1 <= cfg.min_count <= cfg.max_count <= cfg.grid**2:
-        raise ValueError(f"need 1 <= min_count <= max_count <= grid**2, found {cfg.min_count}, {cfg.max_count}, {cfg.grid}")
+        raise ValueError(
+            f"need 1 <= min_count <= max_count <= grid**2, found {cfg.min_count}, {cfg.max_count}, "
+            f"{cfg.grid}"
+        )
     rng = random.Random(seed)
     problems, answers, images, extra = [], [], [], []
     for _ in range(n):
@@ -121,7 +136,8 @@ class VisualCountingTask(Task):
         self.sft_config = self.cfg.sft
 
     def build_data(self, seed: int) -> TaskData:
-        """Train and held-out sets from different seeds (images are random, so they do not repeat)."""
+        """Train and held-out sets from different seeds (images are random, so they do not
+        repeat)."""
         return TaskData(
             train=self.make_dataset(self.cfg.train_size, seed),
             val=self.make_dataset(self.cfg.val_size, seed + 10_000),
@@ -139,19 +155,29 @@ class VisualCountingTask(Task):
         return self.build_processor().tokenizer
 
     def build_model(self, tokenizer: PreTrainedTokenizerBase) -> Qwen2VLForConditionalGeneration:
-        return Qwen2VLForConditionalGeneration(tiny_qwen2_vl_config(tokenizer, self.cfg.model, self.cfg.vision))
+        return Qwen2VLForConditionalGeneration(
+            tiny_qwen2_vl_config(tokenizer, self.cfg.model, self.cfg.vision)
+        )
 
-    def samples(self, dataset: VisionPromptDataset, processor: ProcessorMixin, split: str) -> list[VisionSample]:
-        """Chat-template samples with the answer-format instruction; cache keys ``<split>/<row>``."""
+    def samples(
+        self, dataset: VisionPromptDataset, processor: ProcessorMixin, split: str
+    ) -> list[VisionSample]:
+        """Chat-template samples with the answer-format instruction; cache keys
+        ``<split>/<row>``."""
         return dataset.samples(processor, suffix=self.cfg.instruction, key_prefix=split)
 
     def sft_pairs(self, data: TaskData) -> tuple[list[str], list[str]]:
-        """(problem, target) pairs; the problems hold ``<image>``, so VLM SFT pairs them with ``data.train.images``."""
+        """(problem, target) pairs; the problems hold ``<image>``, so VLM SFT pairs them with
+        ``data.train.images``.
+        """
         return data.train.problems, self.sft_targets(data.train)
 
     @staticmethod
     def sft_targets(dataset: VisionPromptDataset) -> list[str]:
-        return [counting_target(a, info["color"]) for a, info in zip(dataset.ground_truth, dataset.extra_info, strict=True)]
+        return [
+            counting_target(a, info["color"])
+            for a, info in zip(dataset.ground_truth, dataset.extra_info, strict=True)
+        ]
 
     def build_prompt_processor(self, model_path: Path, cfg: RunConfig) -> VisionPromptProcessor:
         return VisionPromptProcessor.from_pretrained(model_path, cfg, self.samples)
@@ -165,9 +191,19 @@ class VisualCountingTask(Task):
         freeze_modules(model, cfg.actor_rollout_ref.actor.freeze_modules)  # as in RL
         path = cfg.output_dir / "init_model"
         processor.save_pretrained(path)
-        model.save_pretrained(path, safe_serialization=True)  # the prompt processor reads its config
+        model.save_pretrained(
+            path, safe_serialization=True
+        )  # the prompt processor reads its config
         train = self.build_data(cfg.trainer.seed).train
-        metrics = warm_up_vlm(model, processor, self.build_prompt_processor(path, cfg), train,
-                              self.sft_targets(train), self.sft_config, cfg.trainer.seed, cfg.trainer.progress_bar)
+        metrics = warm_up_vlm(
+            model,
+            processor,
+            self.build_prompt_processor(path, cfg),
+            train,
+            self.sft_targets(train),
+            self.sft_config,
+            cfg.trainer.seed,
+            cfg.trainer.progress_bar,
+        )
         model.save_pretrained(path, safe_serialization=True)
         return path, metrics

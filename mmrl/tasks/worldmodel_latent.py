@@ -62,7 +62,9 @@ class WorldModelLatentConfig:
     val_windows: int = 64  # held-out prompts scored by validation (evenly spaced)
     autoencoder: AEConfig = field(default_factory=AEConfig)
     autoencoder_train: AETrainConfig = field(default_factory=lambda: AETrainConfig(steps=400))
-    policy: dict[str, Any] = field(default_factory=dict)  # LatentPolicyConfig overrides (hidden, log-std range)
+    policy: dict[str, Any] = field(
+        default_factory=dict
+    )  # LatentPolicyConfig overrides (hidden, log-std range)
     pretrain: LatentPretrainConfig = field(default_factory=LatentPretrainConfig)
     progress_bar: bool = True
 
@@ -77,25 +79,40 @@ class WorldModelLatentTask(Task):
         self.sft_config = SFTConfig()  # unused: initial_model makes the starting point
 
     def data_dirs(self) -> tuple[Path, Path]:
-        """Generate (or reuse) the train and held-out trajectory datasets (env seeds ``seed``, ``seed + 1``)."""
+        """Generate (or reuse) the train and held-out trajectory datasets (env seeds ``seed``,
+        ``seed + 1``).
+        """
         c, root = self.cfg, Path(self.cfg.work_dir) / "data"
         env = make_env(c.env, **c.env_config)
-        train = generate_dataset(env, c.train_trajectories, c.length, root / "train", c.seed, progress=c.progress_bar)
-        val = generate_dataset(env, c.val_trajectories, c.length, root / "val", c.seed + 1, progress=c.progress_bar)
+        train = generate_dataset(
+            env, c.train_trajectories, c.length, root / "train", c.seed, progress=c.progress_bar
+        )
+        val = generate_dataset(
+            env, c.val_trajectories, c.length, root / "val", c.seed + 1, progress=c.progress_bar
+        )
         return train, val
 
     def autoencoder(self) -> LatentAutoencoder:
         train, _ = self.data_dirs()
         c = self.cfg
         settings = AETrainConfig(**{**asdict(c.autoencoder_train), "seed": c.seed})
-        return train_latent_ae(train, Path(c.work_dir) / "ae", cfg=c.autoencoder, train=settings, progress=c.progress_bar)
+        return train_latent_ae(
+            train,
+            Path(c.work_dir) / "ae",
+            cfg=c.autoencoder,
+            train=settings,
+            progress=c.progress_bar,
+        )
 
     def policy_config(self) -> LatentPolicyConfig:
         action_dim = make_env(self.cfg.env, **self.cfg.env_config).action_spec.dim
-        return LatentPolicyConfig(**{"context": self.cfg.context, "action_dim": action_dim, **self.cfg.policy})
+        return LatentPolicyConfig(
+            **{"context": self.cfg.context, "action_dim": action_dim, **self.cfg.policy}
+        )
 
     def build_data(self, seed: int) -> TaskData:
-        """Train windows (all) and ``val_windows`` held-out windows; the data seed is ``task.seed``."""
+        """Train windows (all) and ``val_windows`` held-out windows; the data seed is
+        ``task.seed``."""
         train, val = self.data_dirs()
         c = self.cfg
         return TaskData(
@@ -111,17 +128,29 @@ class WorldModelLatentTask(Task):
         ae_record = json.loads((Path(c.work_dir) / "ae" / F.CACHE_FILE).read_text())
         policy_cfg = self.policy_config()
         out = Path(c.work_dir) / "policy_init"
-        key = F.cache_key(train_dir, kind="latent_policy", ae_key=ae_record["key"],
-                          policy=asdict(policy_cfg), pretrain=asdict(c.pretrain), seed=c.seed)
+        key = F.cache_key(
+            train_dir,
+            kind="latent_policy",
+            ae_key=ae_record["key"],
+            policy=asdict(policy_cfg),
+            pretrain=asdict(c.pretrain),
+            seed=c.seed,
+        )
         record = F.cached(out, key)
         if record is None:
             record = self._pretrain(ae, policy_cfg, train_dir, val_dir, out)
             F.write_cache(out, key, record)
-        metrics = {f"pretrain/{k}": float(v) for k, v in record.items() if k in ("val_nll", "val_mse", "steps")}
+        metrics = {
+            f"pretrain/{k}": float(v)
+            for k, v in record.items()
+            if k in ("val_nll", "val_mse", "steps")
+        }
         metrics["pretrain/ae_psnr"] = float(ae_record["psnr"])
         return out, metrics
 
-    def _pretrain(self, ae, policy_cfg, train_dir: Path, val_dir: Path, out: Path) -> dict[str, float]:
+    def _pretrain(
+        self, ae, policy_cfg, train_dir: Path, val_dir: Path, out: Path
+    ) -> dict[str, float]:
         import torch
 
         c, p = self.cfg, self.cfg.pretrain
@@ -129,8 +158,14 @@ class WorldModelLatentTask(Task):
             torch.manual_seed(c.seed)
             policy = GaussianLatentPolicy(policy_cfg)
             history = pretrain_latent_policy(
-                policy, latent_windows(train_dir, ae, c.context), latent_windows(val_dir, ae, c.context),
-                steps=p.steps, batch_size=p.batch_size, lr=p.lr, val_every=p.val_every, seed=c.seed,
+                policy,
+                latent_windows(train_dir, ae, c.context),
+                latent_windows(val_dir, ae, c.context),
+                steps=p.steps,
+                batch_size=p.batch_size,
+                lr=p.lr,
+                val_every=p.val_every,
+                seed=c.seed,
                 progress=c.progress_bar,
             )
         policy.save_pretrained(out)
@@ -143,17 +178,21 @@ class WorldModelLatentTask(Task):
         ae_dir = Path(model_path) / AUTOENCODER_DIR
         if not ae_dir.is_dir():
             raise FileNotFoundError(
-                f"{model_path} has no {AUTOENCODER_DIR}/ folder: a latent policy folder carries the "
-                "autoencoder that defines its latent space"
+                f"{model_path} has no {AUTOENCODER_DIR}/ folder: a latent policy folder carries "
+                "the autoencoder that defines its latent space"
             )
-        return LatentWorldModelProcessor(LatentAutoencoder.from_pretrained(ae_dir), self.cfg.context, self.cfg.future)
+        return LatentWorldModelProcessor(
+            LatentAutoencoder.from_pretrained(ae_dir), self.cfg.context, self.cfg.future
+        )
 
     def env(self):
         """A fresh instance of the task's environment (for state reading and planning)."""
         return make_env(self.cfg.env, **self.cfg.env_config)
 
 
-def evaluate_latent_policy(cfg: RunConfig, model_path: str | Path, greedy: bool, seed: int = 0) -> dict[str, float]:
+def evaluate_latent_policy(
+    cfg: RunConfig, model_path: str | Path, greedy: bool, seed: int = 0
+) -> dict[str, float]:
     """Held-out metrics of a latent policy folder with the run's verifiers (``cfg.reward``).
 
     ``greedy`` predicts each frame's mean; otherwise frames are sampled at
@@ -165,8 +204,8 @@ def evaluate_latent_policy(cfg: RunConfig, model_path: str | Path, greedy: bool,
 
     import numpy as np
 
-    from mmrl.sampling import SamplingParams
     from mmrl.rollout.latent import LatentRollout
+    from mmrl.sampling import SamplingParams
     from mmrl.verifiers import VerifierRunner
 
     task = WorldModelLatentTask(cfg.task)
@@ -174,8 +213,10 @@ def evaluate_latent_policy(cfg: RunConfig, model_path: str | Path, greedy: bool,
     prompts = processor.encode_dataset(task.build_data(seed).val, "val")
     engine = LatentRollout(GaussianLatentPolicy.from_pretrained(model_path))
     sampling = SamplingParams(
-        **processor.sampling_overrides(), do_sample=not greedy,
-        temperature=cfg.actor_rollout_ref.rollout.val_kwargs.temperature, seed=seed,
+        **processor.sampling_overrides(),
+        do_sample=not greedy,
+        temperature=cfg.actor_rollout_ref.rollout.val_kwargs.temperature,
+        seed=seed,
     )
     batch = processor.decode(engine.generate(prompts, sampling))
     with closing(VerifierRunner.from_config(cfg.reward)) as runner:
@@ -186,4 +227,9 @@ def evaluate_latent_policy(cfg: RunConfig, model_path: str | Path, greedy: bool,
     return metrics
 
 
-__all__ = ["FrameWindows", "WorldModelLatentConfig", "WorldModelLatentTask", "evaluate_latent_policy"]
+__all__ = [
+    "FrameWindows",
+    "WorldModelLatentConfig",
+    "WorldModelLatentTask",
+    "evaluate_latent_policy",
+]

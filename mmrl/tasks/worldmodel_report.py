@@ -5,7 +5,8 @@
 - ``README.md``: the held-out table (base vs RL, greedy and sampled) and the pictures;
 - ``curves.png``: reward, KL loss, entropy (training samples) and PSNR, LPIPS
   (held-out validation) over RL steps;
-- ``frames.png``: one row per held-out window (those where the frame changes most): context frames | ground-truth future |
+- ``frames.png``: one row per held-out window (those where the frame changes most): context frames |
+  ground-truth future |
   base prediction | RL prediction (greedy);
 - ``rollout.gif``: the same windows animated, ground truth | base | RL side by side.
 """
@@ -44,7 +45,11 @@ def plot_curves(history: list[dict], path: Path) -> Path:
                     ax.plot(xs, ys, marker="o", ms=3)
                 else:  # noisy per-step values: raw, and a 10-step running mean
                     ax.plot(xs, ys, alpha=0.35)
-                    ax.plot(xs[9:], np.convolve(ys, np.ones(10) / 10, mode="valid"), label="10-step mean")
+                    ax.plot(
+                        xs[9:],
+                        np.convolve(ys, np.ones(10) / 10, mode="valid"),
+                        label="10-step mean",
+                    )
                     ax.legend(fontsize=7)
                 break
         ax.set_title(title, fontsize=10)
@@ -59,11 +64,15 @@ def plot_curves(history: list[dict], path: Path) -> Path:
 def showcase(windows: Any, n: int) -> np.ndarray:
     """Indices of the ``n`` windows whose future differs most from their last context frame
     (where the dynamics show), in data order."""
-    change = np.abs(windows.future.astype(np.int32) - windows.context[:, -1:].astype(np.int32)).sum((1, 2, 3, 4))
+    change = np.abs(windows.future.astype(np.int32) - windows.context[:, -1:].astype(np.int32)).sum(
+        (1, 2, 3, 4)
+    )
     return np.sort(np.argsort(-change, kind="stable")[:n])
 
 
-def frame_strip(windows: Any, base: np.ndarray, rl: np.ndarray, rows: int, scale: int = 3) -> np.ndarray:
+def frame_strip(
+    windows: Any, base: np.ndarray, rl: np.ndarray, rows: int, scale: int = 3
+) -> np.ndarray:
     """uint8 image: per window, context | truth | base | RL frames with 2 px gaps, upscaled."""
     h = windows.future.shape[2]
     gap = np.full((h, 2, 3), 255, np.uint8)
@@ -76,7 +85,9 @@ def frame_strip(windows: Any, base: np.ndarray, rl: np.ndarray, rows: int, scale
     return image.repeat(scale, 0).repeat(scale, 1)
 
 
-def write_gif(windows: Any, base: np.ndarray, rl: np.ndarray, path: Path, n: int = 8, scale: int = 4) -> Path:
+def write_gif(
+    windows: Any, base: np.ndarray, rl: np.ndarray, path: Path, n: int = 8, scale: int = 4
+) -> Path:
     """Frames of ``n`` windows in turn: context frames, then truth | base | RL side by side."""
     from PIL import Image
 
@@ -86,14 +97,17 @@ def write_gif(windows: Any, base: np.ndarray, rl: np.ndarray, path: Path, n: int
         for c in windows.context[i]:
             images.append(np.concatenate([c, gap, c, gap, c], axis=1))
         for t in range(windows.future.shape[1]):
-            images.append(np.concatenate([windows.future[i, t], gap, base[i, t], gap, rl[i, t]], axis=1))
+            images.append(
+                np.concatenate([windows.future[i, t], gap, base[i, t], gap, rl[i, t]], axis=1)
+            )
     frames = [Image.fromarray(im.repeat(scale, 0).repeat(scale, 1)) for im in images]
     frames[0].save(path, save_all=True, append_images=frames[1:], duration=350, loop=0)
     return path
 
 
-def write_report(out_dir: Path, history: list[dict], comparison: dict[str, Any], windows: Any,
-                 rows: int = 8) -> Path:
+def write_report(
+    out_dir: Path, history: list[dict], comparison: dict[str, Any], windows: Any, rows: int = 8
+) -> Path:
     """Write the report folder; returns the path of its ``README.md``."""
     from PIL import Image
 
@@ -107,14 +121,27 @@ def write_report(out_dir: Path, history: list[dict], comparison: dict[str, Any],
     rows_md = {f"{m} ({d})": table[m][d] for d in ("greedy", "sampled") for m in ("base", "rl")}
     k, f = windows.context.shape[1], windows.future.shape[1]
     text = [
-        "# World-model RL report", "",
+        "# World-model RL report",
+        "",
         f"Held-out windows: {len(windows)} (trajectories never seen in pretraining or RL); "
-        f"{k} context frames, {f} predicted frame(s). base = the pretrained start, rl = after GRPO; "
-        "both decoded the same way.", "",
-        format_table(rows_md, "model (decoding)"), "",
-        "## Curves", "", "![curves](curves.png)", "",
-        "## Frames", "", "Each row: context frames | ground-truth future | base prediction | RL prediction "
-        "(greedy).", "", "![frames](frames.png)", "", "![rollout](rollout.gif)", "",
+        f"{k} context frames, {f} predicted frame(s). base = the pretrained start, rl = after "
+        "GRPO; both decoded the same way.",
+        "",
+        format_table(rows_md, "model (decoding)"),
+        "",
+        "## Curves",
+        "",
+        "![curves](curves.png)",
+        "",
+        "## Frames",
+        "",
+        "Each row: context frames | ground-truth future | base prediction | RL prediction "
+        "(greedy).",
+        "",
+        "![frames](frames.png)",
+        "",
+        "![rollout](rollout.gif)",
+        "",
     ]
     path = out_dir / "README.md"
     path.write_text("\n".join(text))

@@ -35,8 +35,8 @@ _NOT_IN_KEY = ("output_dir", "progress_bar")
 
 @dataclass
 class HeldOutEval:
-    windows: int = 64            # held-out windows (fixed draw from the val trajectories)
-    samples: int = 4             # sampled predictions per window (greedy uses one)
+    windows: int = 64  # held-out windows (fixed draw from the val trajectories)
+    samples: int = 4  # sampled predictions per window (greedy uses one)
     temperature: float = 1.0
 
 
@@ -47,7 +47,7 @@ class WorldModelTokensConfig:
     pretrain: dict[str, Any] = field(default_factory=dict)
     cache_dir: str = "outputs/worldmodel/cache"  # pretraining runs land in <cache_dir>/<env>-<hash>
     train_windows: int | None = None  # RL prompts drawn from the training trajectories; None: all
-    val_windows: int = 64             # held-out prompts for validation during RL
+    val_windows: int = 64  # held-out prompts for validation during RL
     eval: HeldOutEval = field(default_factory=HeldOutEval)
     report: bool = True
 
@@ -72,8 +72,16 @@ class WorldModelTokensTask(Task):
             log.info("reusing pretrained world model in %s", self.pretrain_cfg.output_dir)
         best = Path(self.pretrain_cfg.output_dir) / "token_wm" / "best"
         attach_tokenizer(best, Path(self.pretrain_cfg.tokenizer.dir))
-        keys = ("best_val_loss", "steps_run", "tokenizer_psnr", "val/psnr_greedy", "val/psnr_copy_last_frame",
-                "val/psnr_tokenizer_ceiling", "val/state_match_greedy", "val/state_match_copy_last_frame")
+        keys = (
+            "best_val_loss",
+            "steps_run",
+            "tokenizer_psnr",
+            "val/psnr_greedy",
+            "val/psnr_copy_last_frame",
+            "val/psnr_tokenizer_ceiling",
+            "val/state_match_greedy",
+            "val/state_match_copy_last_frame",
+        )
         return best, {f"pretrain/{k.removeprefix('val/')}": float(summary[k]) for k in keys}
 
     # --- data and processor -----------------------------------------------------------
@@ -99,37 +107,57 @@ class WorldModelTokensTask(Task):
 
         if cfg.reward.overlong_reward != "keep":
             raise ValueError(
-                "world-model responses always have exactly tokens_per_frame x F tokens and no EOS, so "
-                f"reward.overlong_reward={cfg.reward.overlong_reward!r} would zero every reward; set it to 'keep'"
+                "world-model responses always have exactly tokens_per_frame x F tokens and no EOS, "
+                "so "
+                f"reward.overlong_reward={cfg.reward.overlong_reward!r} would zero every reward; "
+                "set it to 'keep'"
             )
         model_path = Path(model_path)
-        tokens = TokenWorldModelProcessor.from_json(json.loads((model_path / PROCESSOR_FILE).read_text()))
+        tokens = TokenWorldModelProcessor.from_json(
+            json.loads((model_path / PROCESSOR_FILE).read_text())
+        )
         tok_dir = model_path / TOKENIZER_SUBDIR
-        tokenizer = VQTokenizer.from_pretrained(tok_dir if tok_dir.exists() else self.pretrain_cfg.tokenizer.dir)
+        tokenizer = VQTokenizer.from_pretrained(
+            tok_dir if tok_dir.exists() else self.pretrain_cfg.tokenizer.dir
+        )
         if cfg.data.max_response_length != tokens.response_length:
             raise ValueError(
                 f"data.max_response_length={cfg.data.max_response_length}, but every response is "
-                f"{tokens.future} frame(s) x {tokens.layout.tokens_per_frame} tokens = {tokens.response_length}"
+                f"{tokens.future} frame(s) x {tokens.layout.tokens_per_frame} tokens = "
+                f"{tokens.response_length}"
             )
         return WorldModelPromptProcessor(tokens, tokenizer, cfg.data.max_prompt_length)
 
     # --- after RL: held-out evaluation and report --------------------------------------
 
-    def on_fit_end(self, cfg: RunConfig, base_dir: Path, actor_dir: Path, history: list[dict]) -> dict[str, Any]:
+    def on_fit_end(
+        self, cfg: RunConfig, base_dir: Path, actor_dir: Path, history: list[dict]
+    ) -> dict[str, Any]:
         """Make the actor a complete world-model checkpoint, compare it with the base, report."""
         from mmrl.tasks.worldmodel_eval import compare_base_and_rl
 
         complete_checkpoint(Path(base_dir), Path(actor_dir))
         val = self.build_data(cfg.trainer.seed).val
         held_out = self._held_out(val)
-        result = compare_base_and_rl(Path(base_dir), Path(actor_dir), held_out, self.cfg.eval, cfg.trainer.seed,
-                                     progress=cfg.trainer.progress_bar)
+        result = compare_base_and_rl(
+            Path(base_dir),
+            Path(actor_dir),
+            held_out,
+            self.cfg.eval,
+            cfg.trainer.seed,
+            progress=cfg.trainer.progress_bar,
+        )
         (cfg.output_dir / "worldmodel_eval.json").write_text(json.dumps(result["table"], indent=1))
         if self.cfg.report:
             from mmrl.tasks.worldmodel_report import write_report
 
-            result["report"] = str(write_report(cfg.output_dir / "report", history, result, held_out))
-        return {"worldmodel_eval": result["table"], **({"report": result["report"]} if "report" in result else {})}
+            result["report"] = str(
+                write_report(cfg.output_dir / "report", history, result, held_out)
+            )
+        return {
+            "worldmodel_eval": result["table"],
+            **({"report": result["report"]} if "report" in result else {}),
+        }
 
     def _held_out(self, val):
         from mmrl.processors.worldmodel import load_windows
@@ -150,11 +178,19 @@ def pretrain_config(overrides: dict[str, Any], cache_dir: str) -> PretrainConfig
     from mmrl.worldmodel.pretrain import PretrainConfig
 
     raw = compose([], config_name="worldmodel/pretrain")
-    OmegaConf.set_struct(raw, False)  # free-form dicts (env_config) take new keys; the dataclass checks the rest
+    OmegaConf.set_struct(
+        raw, False
+    )  # free-form dicts (env_config) take new keys; the dataclass checks the rest
     raw = OmegaConf.merge(raw, overrides)
     if "output_dir" not in overrides:
-        settings = {k: v for k, v in OmegaConf.to_container(raw, resolve=False).items() if k not in _NOT_IN_KEY}
-        digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
+        settings = {
+            k: v
+            for k, v in OmegaConf.to_container(raw, resolve=False).items()
+            if k not in _NOT_IN_KEY
+        }
+        digest = hashlib.sha256(
+            json.dumps(settings, sort_keys=True, default=str).encode()
+        ).hexdigest()[:10]
         raw.output_dir = f"{cache_dir}/{raw.data.env}-{digest}"
     OmegaConf.resolve(raw)
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PretrainConfig), raw))
@@ -170,9 +206,13 @@ def cached_pretraining(cfg: PretrainConfig) -> dict[str, Any] | None:
     want = {k: v for k, v in asdict(cfg).items() if k not in _NOT_IN_KEY}
     found = {k: v for k, v in summary["config"].items() if k not in _NOT_IN_KEY}
     if json.loads(json.dumps(want)) != found:
-        diff = sorted(k for k in set(want) | set(found) if json.loads(json.dumps(want.get(k))) != found.get(k))
-        raise ValueError(f"{path} was made with other pretraining settings (differ: {diff}); "
-                         "choose another task.pretrain.output_dir or delete that folder")
+        diff = sorted(
+            k for k in set(want) | set(found) if json.loads(json.dumps(want.get(k))) != found.get(k)
+        )
+        raise ValueError(
+            f"{path} was made with other pretraining settings (differ: {diff}); "
+            "choose another task.pretrain.output_dir or delete that folder"
+        )
     return summary
 
 

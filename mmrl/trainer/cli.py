@@ -1,4 +1,6 @@
-"""The ``mmrl`` command line: ``mmrl train [hydra overrides...]``, ``mmrl eval ...``, ``mmrl eval-vlm ...``."""
+"""The ``mmrl`` command line: ``mmrl train [hydra overrides...]``, ``mmrl eval ...``, ``mmrl
+eval-vlm ...``.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +19,10 @@ def train(overrides: list[str], config_name: str = "train") -> int:
     val = result.series("val/score/mean")
     print(f"\nrun finished: {result.output_dir}")
     if val:
-        print(f"  held-out score: {val[0]:.3f} before RL -> {val[-1]:.3f} after {cfg.trainer.total_steps} steps")
+        print(
+            f"  held-out score: {val[0]:.3f} before RL -> {val[-1]:.3f} after "
+            f"{cfg.trainer.total_steps} steps"
+        )
     print(f"  metrics:        {result.output_dir / 'metrics.jsonl'}")
     print(f"  trained actor:  {result.output_dir / 'actor'} (save_pretrained)")
     table = result.summary.get("worldmodel_eval")
@@ -26,7 +31,9 @@ def train(overrides: list[str], config_name: str = "train") -> int:
 
         print("\n  held-out world-model metrics (base = pretrained start, rl = after GRPO):")
         rows = {f"{m} ({d})": table[m][d] for d in ("greedy", "sampled") for m in ("base", "rl")}
-        print("\n".join("  " + line for line in format_table(rows, "model (decoding)").splitlines()))
+        print(
+            "\n".join("  " + line for line in format_table(rows, "model (decoding)").splitlines())
+        )
     if result.summary.get("report"):
         print(f"  report:         {result.summary['report']}")
     print(f"  wall time:      {result.wall_time_s:.1f} s")
@@ -41,7 +48,7 @@ def pretrain_worldmodel(overrides: list[str]) -> int:
 
 
 def evaluate(argv: list[str]) -> int:
-    from mmrl.tasks.worldmodel_eval import main as eval_main
+    from mmrl.trainer.eval_worldmodel import main as eval_main
 
     return eval_main(argv)
 
@@ -49,7 +56,9 @@ def evaluate(argv: list[str]) -> int:
 def evaluate_vlm(argv: list[str]) -> int:
     from mmrl.trainer import eval_vlm
 
-    parser = argparse.ArgumentParser(prog="mmrl eval", description="Accuracy of a VLM checkpoint on parquet files.")
+    parser = argparse.ArgumentParser(
+        prog="mmrl eval", description="Accuracy of a VLM checkpoint on parquet files."
+    )
     eval_vlm.add_arguments(parser)
     return eval_vlm.main(parser.parse_args(argv))
 
@@ -58,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["eval"]:  # its own argparse options (mmrl eval --help)
         rest = argv[1:]
-        if any(a == "--parquet" or a.startswith("--parquet=") for a in rest):  # a VLM on parquet: eval-vlm
+        if any(
+            a == "--parquet" or a.startswith("--parquet=") for a in rest
+        ):  # a VLM on parquet: eval-vlm
             logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
             return evaluate_vlm(rest)
         logging.basicConfig(level=logging.WARNING)
@@ -67,18 +78,26 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="RL training; trailing arguments are Hydra overrides")
     p_train.add_argument("overrides", nargs="*", help="e.g. algorithm.adv_estimator=rloo")
-    p_train.add_argument("--config-name", default="train",
-                         help="a config under configs/, e.g. examples/worldmodel_tokens_gpu")
+    p_train.add_argument(
+        "--config-name",
+        default="train",
+        help="a config under configs/, e.g. examples/worldmodel_tokens_gpu",
+    )
     p_wm = sub.add_parser(
         "pretrain-worldmodel",
         help="MLE pretraining of the token world model; trailing arguments are Hydra overrides",
     )
     p_wm.add_argument("overrides", nargs="*", help="e.g. data.env=push train.steps=1500")
-    sub.add_parser("eval", help="a world-model checkpoint on trajectory or mp4 data (--model, --data), or a "
-                   "VLM checkpoint on parquet files (--checkpoint, --parquet, as eval-vlm); mmrl eval --help")
+    sub.add_parser(
+        "eval",
+        help="a world-model checkpoint on trajectory or mp4 data (--model, --data), or a "
+        "VLM checkpoint on parquet files (--checkpoint, --parquet, as eval-vlm); mmrl eval --help",
+    )
     from mmrl.trainer import eval_vlm  # VLM accuracy of a checkpoint on a parquet file
 
-    eval_vlm.add_arguments(sub.add_parser("eval-vlm", help="accuracy of a VLM checkpoint on a parquet file"))
+    eval_vlm.add_arguments(
+        sub.add_parser("eval-vlm", help="accuracy of a VLM checkpoint on a parquet file")
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train":

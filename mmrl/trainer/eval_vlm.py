@@ -60,8 +60,12 @@ def evaluate_parquet(
     from mmrl.verifiers import get_verifier
 
     start = time.perf_counter()
-    task_cfg = {"train_files": list(files), "model_path": str(checkpoint), "max_train_rows": max_rows,
-                "system_prompt": system_prompt}
+    task_cfg = {
+        "train_files": list(files),
+        "model_path": str(checkpoint),
+        "max_train_rows": max_rows,
+        "system_prompt": system_prompt,
+    }
     if instruction is not None:
         task_cfg["instruction"] = instruction
     task = VisionParquetTask(task_cfg)
@@ -76,9 +80,15 @@ def evaluate_parquet(
     score_fn = get_verifier(verifier)
     scores, texts = [], []
     for i, chunk in enumerate(prompts.split(batch_size)):
-        sampling = SamplingParams(max_tokens=max_response_length, temperature=temperature,
-                                  do_sample=do_sample, seed=seed + i)
-        out = processor.decode(generate_vlm(model, chunk, sampling, tokenizer.eos_token_id, tokenizer.pad_token_id))
+        sampling = SamplingParams(
+            max_tokens=max_response_length,
+            temperature=temperature,
+            do_sample=do_sample,
+            seed=seed + i,
+        )
+        out = processor.decode(
+            generate_vlm(model, chunk, sampling, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        )
         scores += [float(s) for s in np.asarray(score_fn(out).scores)]
         texts += list(out["response_text"])
     return EvalResult(
@@ -92,39 +102,70 @@ def evaluate_parquet(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, help="save_pretrained directory (model + processor)")
-    parser.add_argument("--parquet", required=True, nargs="+", help="parquet file(s) in the docs/vlm.md layout")
+    parser.add_argument(
+        "--checkpoint", required=True, help="save_pretrained directory (model + processor)"
+    )
+    parser.add_argument(
+        "--parquet", required=True, nargs="+", help="parquet file(s) in the docs/vlm.md layout"
+    )
     parser.add_argument("--max-rows", type=int, default=None, help="first N rows of each file")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-prompt-length", type=int, default=1024, help="text + vision tokens")
     parser.add_argument("--max-response-length", type=int, default=256)
-    parser.add_argument("--sample", action="store_true", help="sample (temperature) instead of greedy decoding")
+    parser.add_argument(
+        "--sample", action="store_true", help="sample (temperature) instead of greedy decoding"
+    )
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--verifier", default="math_answer", help="a registered verifier or module:function")
-    parser.add_argument("--instruction", default=DEFAULT_INSTRUCTION,
-                        help="appended to each problem, as in training")
+    parser.add_argument(
+        "--verifier", default="math_answer", help="a registered verifier or module:function"
+    )
+    parser.add_argument(
+        "--instruction",
+        default=DEFAULT_INSTRUCTION,
+        help="appended to each problem, as in training",
+    )
     parser.add_argument("--system-prompt", default=None)
     parser.add_argument("--filter-overlong-prompts", action="store_true")
-    parser.add_argument("--output", default=None, help="write per-sample scores and responses to this JSON file")
+    parser.add_argument(
+        "--output", default=None, help="write per-sample scores and responses to this JSON file"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     result = evaluate_parquet(
-        args.checkpoint, args.parquet, max_rows=args.max_rows, batch_size=args.batch_size,
-        max_prompt_length=args.max_prompt_length, max_response_length=args.max_response_length,
-        do_sample=args.sample, temperature=args.temperature, seed=args.seed, verifier=args.verifier,
-        instruction=args.instruction, system_prompt=args.system_prompt,
+        args.checkpoint,
+        args.parquet,
+        max_rows=args.max_rows,
+        batch_size=args.batch_size,
+        max_prompt_length=args.max_prompt_length,
+        max_response_length=args.max_response_length,
+        do_sample=args.sample,
+        temperature=args.temperature,
+        seed=args.seed,
+        verifier=args.verifier,
+        instruction=args.instruction,
+        system_prompt=args.system_prompt,
         filter_overlong_prompts=args.filter_overlong_prompts,
     )
     decoding = f"sampled, temperature {args.temperature}" if args.sample else "greedy"
-    print(f"accuracy: {result.accuracy:.4f} ({int(round(result.accuracy * result.num_samples))}/"
-          f"{result.num_samples}, {args.verifier}, {decoding} decoding)")
+    print(
+        f"accuracy: {result.accuracy:.4f} ({int(round(result.accuracy * result.num_samples))}/"
+        f"{result.num_samples}, {args.verifier}, {decoding} decoding)"
+    )
     if result.num_filtered:
         print(f"  {result.num_filtered} overlong prompts filtered out")
     print(f"  wall time: {result.wall_time_s:.1f} s")
     if args.output:
-        Path(args.output).write_text(json.dumps(
-            {"accuracy": result.accuracy, "num_samples": result.num_samples, "scores": result.per_sample,
-             "responses": result.responses}, indent=1))
+        Path(args.output).write_text(
+            json.dumps(
+                {
+                    "accuracy": result.accuracy,
+                    "num_samples": result.num_samples,
+                    "scores": result.per_sample,
+                    "responses": result.responses,
+                },
+                indent=1,
+            )
+        )
     return 0

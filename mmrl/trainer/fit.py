@@ -54,7 +54,8 @@ class PromptLoader:
     def __init__(self, prompts: Batch, batch_size: int, shuffle: bool, seed: int) -> None:
         if batch_size > len(prompts):
             raise ValueError(
-                f"data.train_batch_size={batch_size} is larger than the training set ({len(prompts)} prompts)"
+                f"data.train_batch_size={batch_size} is larger than the training set "
+                f"({len(prompts)} prompts)"
             )
         self.prompts, self.batch_size, self.shuffle = prompts, batch_size, shuffle
         self.rng = np.random.default_rng(seed)
@@ -88,12 +89,23 @@ def prepare_initial_model(cfg: RunConfig, task: Task) -> tuple[Path, dict[str, f
     tokenizer = task.build_tokenizer()
     model = task.build_model(tokenizer)
     prompts, targets = task.sft_pairs(task.build_data(cfg.trainer.seed))
-    losses = sft_train(model, tokenizer, prompts, targets, task.sft_config, cfg.trainer.seed, cfg.trainer.progress_bar)
+    losses = sft_train(
+        model,
+        tokenizer,
+        prompts,
+        targets,
+        task.sft_config,
+        cfg.trainer.seed,
+        cfg.trainer.progress_bar,
+    )
     path = cfg.output_dir / "init_model"
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     sft = task.sft_config
-    return path, {"sft/steps": sft.steps, "sft/final_loss": float(np.mean(losses[-10:])) if losses else float("nan")}
+    return path, {
+        "sft/steps": sft.steps,
+        "sft/final_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
+    }
 
 
 def build_kl_controller(cfg: KLControlConfig):
@@ -104,13 +116,17 @@ def build_kl_controller(cfg: KLControlConfig):
     raise ValueError(f"algorithm.kl_ctrl.type={cfg.type!r}; expected 'fixed' or 'adaptive'")
 
 
-def apply_scores(batch: Batch, out: VerifierOutput, cfg: RunConfig) -> tuple[Batch, dict[str, float]]:
+def apply_scores(
+    batch: Batch, out: VerifierOutput, cfg: RunConfig
+) -> tuple[Batch, dict[str, float]]:
     """Place each sample's score on its last valid step (``token_level_scores`` [B, T])."""
     scores = torch.as_tensor(out.scores, dtype=torch.float32)
     if cfg.reward.overlong_reward == "zero":
         scores = torch.where(batch["response_clipped"], torch.zeros_like(scores), scores)
     elif cfg.reward.overlong_reward != "keep":
-        raise ValueError(f"reward.overlong_reward={cfg.reward.overlong_reward!r}; expected 'keep' or 'zero'")
+        raise ValueError(
+            f"reward.overlong_reward={cfg.reward.overlong_reward!r}; expected 'keep' or 'zero'"
+        )
     mask = batch["response_mask"]
     last = (mask.sum(-1).long() - 1).clamp(min=0)
     token_scores = torch.zeros_like(mask)
@@ -129,9 +145,14 @@ def score(
 
 
 def sampling_params(
-    cfg: RunConfig, processor: PromptProcessor, seed: int, validate: bool = False, greedy: bool = False
+    cfg: RunConfig,
+    processor: PromptProcessor,
+    seed: int,
+    validate: bool = False,
+    greedy: bool = False,
 ) -> SamplingParams:
-    """Sampling as ``rollout`` (or ``rollout.val_kwargs``) says, under the processor's constraints."""
+    """Sampling as ``rollout`` (or ``rollout.val_kwargs``) says, under the processor's
+    constraints."""
     r = cfg.actor_rollout_ref.rollout
     params = {
         "max_tokens": cfg.data.max_response_length,
@@ -151,8 +172,14 @@ def needs_reference(cfg: RunConfig) -> bool:
 
 
 def rl_step(
-    cfg: RunConfig, step: int, prompts: Batch, worker: WorkerGroup, critic: WorkerGroup | None,
-    processor: PromptProcessor, kl_ctrl, runner: VerifierRunner,
+    cfg: RunConfig,
+    step: int,
+    prompts: Batch,
+    worker: WorkerGroup,
+    critic: WorkerGroup | None,
+    processor: PromptProcessor,
+    kl_ctrl,
+    runner: VerifierRunner,
 ) -> dict[str, float]:
     algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
     metrics: dict[str, float] = {}
@@ -160,21 +187,28 @@ def rl_step(
     prompts["uid"] = np.asarray([f"{step}-{i}" for i in range(len(prompts))], dtype=object)
     with timer("step", metrics):
         with timer("gen", metrics):
-            batch = worker.generate_sequences(prompts.repeat(n, interleave=True), sampling_params(cfg, processor, step_seed))
+            batch = worker.generate_sequences(
+                prompts.repeat(n, interleave=True), sampling_params(cfg, processor, step_seed)
+            )
         with timer("reward", metrics):  # verifiers run in the background during old log-probs
             pending = runner.submit(processor.decode(batch))
         baselines = None
         if algo.adv_estimator == "remax":
             with timer("gen_max", metrics):
-                greedy = worker.generate_sequences(prompts, sampling_params(cfg, processor, step_seed, greedy=True))
+                greedy = worker.generate_sequences(
+                    prompts, sampling_params(cfg, processor, step_seed, greedy=True)
+                )
                 greedy, _ = score(greedy, processor, cfg, runner)
                 baselines = greedy["token_level_scores"].sum(-1).repeat_interleave(n)
         with timer("old_log_prob", metrics):
             batch["old_log_probs"] = worker.compute_log_prob(batch)
         if algo.rollout_is:
             batch["rollout_is_weights"], is_metrics = algos.rollout_is_weights(
-                batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
-                algo.rollout_is, algo.rollout_is_cap,
+                batch["old_log_probs"],
+                batch["rollout_log_probs"],
+                batch["response_mask"],
+                algo.rollout_is,
+                algo.rollout_is_cap,
             )
             metrics.update(is_metrics)
         with timer("reward", metrics):  # adds only the verifier time not hidden above
@@ -189,8 +223,12 @@ def rl_step(
         with timer("adv", metrics):
             if algo.use_kl_in_reward:
                 rewards, kl_metrics = algos.apply_kl_penalty(
-                    batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_prob"],
-                    batch["response_mask"], kl_ctrl, algo.kl_penalty,
+                    batch["token_level_scores"],
+                    batch["old_log_probs"],
+                    batch["ref_log_prob"],
+                    batch["response_mask"],
+                    kl_ctrl,
+                    algo.kl_penalty,
                 )
                 metrics.update(kl_metrics)
             else:
@@ -202,7 +240,9 @@ def rl_step(
                 valid_mask=batch["valid_mask"],
                 index=batch["uid"],
                 config=algos.AdvantageConfig(
-                    gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo
+                    gamma=algo.gamma,
+                    lam=algo.lam,
+                    norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
                 ),
                 values=batch["values"] if critic is not None else None,
                 reward_baselines=baselines,
@@ -217,14 +257,22 @@ def rl_step(
 
 
 def validate(
-    cfg: RunConfig, val_prompts: Batch, worker: WorkerGroup, processor: PromptProcessor, runner: VerifierRunner,
+    cfg: RunConfig,
+    val_prompts: Batch,
+    worker: WorkerGroup,
+    processor: PromptProcessor,
+    runner: VerifierRunner,
     greedy: bool = False,
 ) -> dict[str, float]:
-    """Score held-out prompts with ``rollout.val_kwargs`` sampling (``val/*``), or greedily (``val/greedy/*``)."""
+    """Score held-out prompts with ``rollout.val_kwargs`` sampling (``val/*``), or greedily
+    (``val/greedy/*``).
+    """
     vk = cfg.actor_rollout_ref.rollout.val_kwargs
     scores, metrics_sum = [], {}
     for i, chunk in enumerate(val_prompts.split(cfg.data.val_batch_size)):
-        params = sampling_params(cfg, processor, cfg.trainer.seed + 7919 * i, validate=True, greedy=greedy)
+        params = sampling_params(
+            cfg, processor, cfg.trainer.seed + 7919 * i, validate=True, greedy=greedy
+        )
         out = worker.generate_sequences(chunk if greedy else chunk.repeat(vk.n), params)
         out, m = score(out, processor, cfg, runner)
         scores.append(out["token_level_scores"].sum(-1))
@@ -239,7 +287,11 @@ def validate(
 
 
 def validate_all(
-    cfg: RunConfig, val_prompts: Batch, worker: WorkerGroup, processor: PromptProcessor, runner: VerifierRunner
+    cfg: RunConfig,
+    val_prompts: Batch,
+    worker: WorkerGroup,
+    processor: PromptProcessor,
+    runner: VerifierRunner,
 ) -> dict[str, float]:
     """:func:`validate`, plus its greedy version when ``trainer.val_greedy`` is set."""
     metrics = validate(cfg, val_prompts, worker, processor, runner)
@@ -256,7 +308,8 @@ def fit(cfg: RunConfig) -> RunResult:
     if algo.adv_estimator in GROUP_ESTIMATORS and rollout.n < 2:
         warnings.warn(
             f"algorithm.adv_estimator={algo.adv_estimator} compares the samples of one prompt, but "
-            f"actor_rollout_ref.rollout.n={rollout.n}: every group has one sample, so every advantage "
+            f"actor_rollout_ref.rollout.n={rollout.n}: every group has one sample, so every "
+            "advantage "
             "is zero and the policy will not learn. Set rollout.n >= 2.",
             stacklevel=2,
         )
@@ -270,18 +323,27 @@ def fit(cfg: RunConfig) -> RunResult:
     train_prompts = processor.encode_dataset(data.train, "train")
     val_prompts = processor.encode_dataset(data.val, "val")
     kl_ctrl = build_kl_controller(algo.kl_ctrl)
-    loader = PromptLoader(train_prompts, cfg.data.train_batch_size, cfg.data.shuffle, cfg.trainer.seed)
+    loader = PromptLoader(
+        train_prompts, cfg.data.train_batch_size, cfg.data.shuffle, cfg.trainer.seed
+    )
     tracker = Tracker(cfg.output_dir, cfg.trainer.loggers)
     init_metrics["data/filtered_prompts"] = train_prompts.meta["num_filtered_prompts"]
 
     # In-process, or one Ray actor per rank (trainer.n_workers_per_node, nnodes, ray_address).
-    workers = build_workers(cfg, model_path, need_ref=needs_reference(cfg), need_critic=algo.adv_estimator == "gae")
+    workers = build_workers(
+        cfg, model_path, need_ref=needs_reference(cfg), need_critic=algo.adv_estimator == "gae"
+    )
     worker, critic = workers.actor, workers.critic
     runner = VerifierRunner.from_config(cfg.reward)
     with workers, closing(runner):  # stops worker processes however the run ends
         if cfg.trainer.val_before_train:
-            tracker.log({**init_metrics, **validate_all(cfg, val_prompts, worker, processor, runner)}, step=0)
-        bar = tqdm(range(1, cfg.trainer.total_steps + 1), desc="rl", disable=not cfg.trainer.progress_bar)
+            tracker.log(
+                {**init_metrics, **validate_all(cfg, val_prompts, worker, processor, runner)},
+                step=0,
+            )
+        bar = tqdm(
+            range(1, cfg.trainer.total_steps + 1), desc="rl", disable=not cfg.trainer.progress_bar
+        )
         for step in bar:
             workers.set_step(step)  # a worker failure names the step
             metrics = rl_step(cfg, step, loader.next(), worker, critic, processor, kl_ctrl, runner)
@@ -296,8 +358,12 @@ def fit(cfg: RunConfig) -> RunResult:
         worker.save_pretrained(cfg.output_dir / "actor")
     extra = task.on_fit_end(cfg, model_path, cfg.output_dir / "actor", tracker.history)
     result = RunResult(cfg.output_dir, tracker.history, time.perf_counter() - start, peak_rss_gib())
-    summary = {"wall_time_s": result.wall_time_s, "peak_memory_gib": result.peak_memory_gib,
-               "final_actor": str(cfg.output_dir / "actor"), **extra}
+    summary = {
+        "wall_time_s": result.wall_time_s,
+        "peak_memory_gib": result.peak_memory_gib,
+        "final_actor": str(cfg.output_dir / "actor"),
+        **extra,
+    }
     (cfg.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     result.summary = summary
     return result

@@ -11,10 +11,16 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     if values.numel() == 0:
         return {}
     values = values.float()
-    return {f"{prefix}/mean": float(values.mean()), f"{prefix}/max": float(values.max()), f"{prefix}/min": float(values.min())}
+    return {
+        f"{prefix}/mean": float(values.mean()),
+        f"{prefix}/max": float(values.max()),
+        f"{prefix}/min": float(values.min()),
+    }
 
 
-def compute_data_metrics(batch: Batch, step_time_s: float, gen_time_s: float | None = None) -> dict[str, float]:
+def compute_data_metrics(
+    batch: Batch, step_time_s: float, gen_time_s: float | None = None
+) -> dict[str, float]:
     """Scores, rewards, advantages, lengths, log-prob drift and throughput of one step.
 
     ``gen_time_s``: wall time of generation, for ``perf/rollout_tokens_per_s`` (sampled

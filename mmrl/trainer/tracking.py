@@ -26,7 +26,9 @@ class Tracker:
     def __init__(self, output_dir: Path, loggers: list[str]) -> None:
         unknown = set(loggers) - {"console", "jsonl"}
         if unknown:
-            raise ValueError(f"trainer.loggers has unknown entries {sorted(unknown)}; known: console, jsonl")
+            raise ValueError(
+                f"trainer.loggers has unknown entries {sorted(unknown)}; known: console, jsonl"
+            )
         self.console = "console" in loggers
         self.path = output_dir / "metrics.jsonl" if "jsonl" in loggers else None
         if self.path is not None:

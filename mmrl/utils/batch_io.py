@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 FORMAT_VERSION = 1
 TENSORS_FILE = "tensors.safetensors"
 JSON_FILE = "batch.json"
-# batch.json encodes tensors, NaN/inf and bytes as dicts keyed by these; user dicts may not use them.
+# batch.json encodes tensors, NaN/inf and bytes as dicts keyed by these; user dicts may not use
+# them.
 _MARKERS = ("__tensor__", "__float__", "__bytes__")
 _SUPPORTED = (
     "str, int, float, bool, None, bytes, list, tuple, dict with str keys, "
@@ -39,7 +40,9 @@ def write_batch(
         f"tensors/{k}": t.detach().to("cpu", copy=True).contiguous() for k, t in tensors.items()
     }
     encoded = {
-        key: [_encode(v, store, f"non_tensor field {key!r}, sample {i}") for i, v in enumerate(values)]
+        key: [
+            _encode(v, store, f"non_tensor field {key!r}, sample {i}") for i, v in enumerate(values)
+        ]
         for key, values in non_tensor.items()
     }
     doc = {
@@ -103,7 +106,8 @@ def _encode(value: Any, store: dict[str, torch.Tensor], where: str, path: str = 
         for k in value:
             if not isinstance(k, str) or k in _MARKERS:
                 raise TypeError(
-                    f"cannot save {where} at {path or '.'}: dict key {k!r} must be a str other than the reserved {_MARKERS}"
+                    f"cannot save {where} at {path or '.'}: dict key {k!r} must be a str other "
+                    f"than the reserved {_MARKERS}"
                 )
         return {k: _encode(v, store, where, f"{path}[{k!r}]") for k, v in value.items()}
     found = (
@@ -112,7 +116,8 @@ def _encode(value: Any, store: dict[str, torch.Tensor], where: str, path: str = 
         else type(value).__qualname__
     )
     raise TypeError(
-        f"cannot save {where} at {path or '.'}: type {found} is not supported; expected {_SUPPORTED}"
+        f"cannot save {where} at {path or '.'}: type {found} is not supported; expected "
+        f"{_SUPPORTED}"
     )
 
 

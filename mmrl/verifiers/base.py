@@ -66,7 +66,9 @@ class RunOptions:
 
 
 class VerifierOutputError(ValueError):
-    """A verifier broke its contract (wrong number of scores, wrong type): a bug, never a sample's fault."""
+    """A verifier broke its contract (wrong number of scores, wrong type): a bug, never a sample's
+    fault.
+    """
 
 
 VerifierFn = Callable[..., "VerifierOutput | np.ndarray | Sequence[float]"]

@@ -97,7 +97,9 @@ def closed_loop(batch: Batch, task: str) -> VerifierOutput:
     makes the runner find and mark that sample invalid.
     """
     if task not in TASK_SCORES:
-        raise ValueError(f"unknown closed-loop task score {task!r}; registered: {sorted(TASK_SCORES)}")
+        raise ValueError(
+            f"unknown closed-loop task score {task!r}; registered: {sorted(TASK_SCORES)}"
+        )
     score = TASK_SCORES[task]
     frames = to_unit_float(batch[PRED_KEY], PRED_KEY)
     actions = batch["actions"] if "actions" in set(batch.keys()) else None

@@ -25,7 +25,9 @@ PRED_KEY, GT_KEY = "pred_frames", "gt_frames"
 
 
 def to_unit_float(frames: Tensor, key: str = PRED_KEY) -> Tensor:
-    """``frames`` [B, F, H, W, 3] (or [B, H, W, 3]) uint8 or float -> float32 [B, F, H, W, 3] in [0, 1]."""
+    """``frames`` [B, F, H, W, 3] (or [B, H, W, 3]) uint8 or float -> float32 [B, F, H, W, 3] in [0,
+    1].
+    """
     if frames.ndim not in (4, 5) or frames.shape[-1] != 3:
         raise ValueError(
             f"{key} must be [B, F, H, W, 3] (channel-last RGB), found shape {list(frames.shape)}"
@@ -50,7 +52,9 @@ def frame_pairs(batch: Batch) -> tuple[Tensor, Tensor]:
     pred = to_unit_float(batch[PRED_KEY], PRED_KEY)
     gt = to_unit_float(batch[GT_KEY], GT_KEY).to(pred.device)
     if pred.shape != gt.shape:
-        raise ValueError(f"{PRED_KEY} {list(pred.shape)} and {GT_KEY} {list(gt.shape)} must have equal shapes")
+        raise ValueError(
+            f"{PRED_KEY} {list(pred.shape)} and {GT_KEY} {list(gt.shape)} must have equal shapes"
+        )
     return pred, gt
 
 

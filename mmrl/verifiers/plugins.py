@@ -37,18 +37,24 @@ def resolve(ref: str) -> VerifierFn:
     if ":" in ref:
         target, _, attr = ref.rpartition(":")
         if not target or not attr:
-            raise ValueError(f"verifier reference {ref!r} must look like 'module:function' or 'file.py:function'")
+            raise ValueError(
+                f"verifier reference {ref!r} must look like 'module:function' or 'file.py:function'"
+            )
         module = _load_path(target) if _is_path(target) else _import(target, ref)
         return _get_callable(module, attr, ref)
     eps = _entry_points()
     if ref in eps:
         fn = eps[ref].load()
         if not callable(fn):
-            raise TypeError(f"entry point {ref!r} ({eps[ref].value}) in group {ENTRY_POINT_GROUP!r} is not callable")
+            raise TypeError(
+                f"entry point {ref!r} ({eps[ref].value}) in group {ENTRY_POINT_GROUP!r} is not "
+                "callable"
+            )
         return fn
     raise ValueError(
         f"unknown verifier {ref!r}: not registered ({sorted(VERIFIERS)}), not an entry point in "
-        f"group {ENTRY_POINT_GROUP!r} ({sorted(eps)}), and not 'module:function' or 'file.py:function'"
+        f"group {ENTRY_POINT_GROUP!r} ({sorted(eps)}), and not 'module:function' or "
+        "'file.py:function'"
     )
 
 
@@ -111,7 +117,9 @@ def _load_path_cached(path: Path) -> Any:
 def _load_path(target: str) -> Any:
     path = Path(target).expanduser().resolve()
     if not path.is_file():
-        raise FileNotFoundError(f"verifier plugin file {target!r} does not exist (resolved to {path})")
+        raise FileNotFoundError(
+            f"verifier plugin file {target!r} does not exist (resolved to {path})"
+        )
     return _load_path_cached(path)
 
 
@@ -129,7 +137,9 @@ def _get_callable(module: Any, attr: str, ref: str) -> VerifierFn:
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise AttributeError(f"verifier {ref!r}: {getattr(module, '__name__', module)} has no attribute {attr!r}")
+            raise AttributeError(
+                f"verifier {ref!r}: {getattr(module, '__name__', module)} has no attribute {attr!r}"
+            )
         obj = getattr(obj, part)
     if not callable(obj):
         raise TypeError(f"verifier {ref!r} names a {type(obj).__name__}, expected a function")
@@ -143,5 +153,11 @@ def _entry_points() -> dict[str, EntryPoint]:
 def available() -> dict[str, str]:
     """Every verifier name a config can use without a path: registered and installed ones."""
     names = {name: "registered" for name in VERIFIERS}
-    names.update({name: f"entry point {ep.value}" for name, ep in _entry_points().items() if name not in names})
+    names.update(
+        {
+            name: f"entry point {ep.value}"
+            for name, ep in _entry_points().items()
+            if name not in names
+        }
+    )
     return dict(sorted(names.items()))

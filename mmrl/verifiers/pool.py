@@ -41,7 +41,9 @@ class Call:
 
 @dataclass
 class CallResult:
-    """``status`` is ok | raise | timeout | crash; ``value`` is the return value or an error message."""
+    """``status`` is ok | raise | timeout | crash; ``value`` is the return value or an error
+    message.
+    """
 
     status: str
     value: Any = None
@@ -82,7 +84,9 @@ def _worker_main(conn: Connection) -> None:
         try:
             payload = pickle.dumps((status, value), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as err:
-            payload = pickle.dumps(("raise", f"result could not be pickled: {type(err).__name__}: {err}"))
+            payload = pickle.dumps(
+                ("raise", f"result could not be pickled: {type(err).__name__}: {err}")
+            )
         conn.send_bytes(payload)
 
 
@@ -139,7 +143,9 @@ class ProcessPool:
 
     def _start(self) -> _Worker:
         parent, child = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=_worker_main, args=(child,), daemon=True, name="mmrl-verifier")
+        process = self._ctx.Process(
+            target=_worker_main, args=(child,), daemon=True, name="mmrl-verifier"
+        )
         with _main_module_hidden():
             process.start()
         child.close()
@@ -170,14 +176,22 @@ class ProcessPool:
                 if worker.conn in ready:
                     self._receive(worker, results, now)
                 elif not worker.process.is_alive():
-                    results[worker.task] = CallResult("crash", _exit_message(worker), now - worker.started)
+                    results[worker.task] = CallResult(
+                        "crash", _exit_message(worker), now - worker.started
+                    )
                     self._kill(worker)
                 elif worker.deadline is not None and now >= worker.deadline:
-                    results[worker.task] = CallResult("timeout", f"no result after {calls[worker.task].timeout_s} s", now - worker.started)
+                    results[worker.task] = CallResult(
+                        "timeout",
+                        f"no result after {calls[worker.task].timeout_s} s",
+                        now - worker.started,
+                    )
                     self._kill(worker)
         return [r for r in results if r is not None]
 
-    def _dispatch(self, calls: list[Call], pending: deque[int], results: list[CallResult | None]) -> None:
+    def _dispatch(
+        self, calls: list[Call], pending: deque[int], results: list[CallResult | None]
+    ) -> None:
         while pending:
             idle = [w for w in self._workers if w.task is None]
             if not idle and len(self._workers) >= self.num_workers:
@@ -186,9 +200,13 @@ class ProcessPool:
             index = pending.popleft()
             call = calls[index]
             try:
-                message = pickle.dumps((call.ref, call.kwargs, call.batch.to("cpu")), protocol=pickle.HIGHEST_PROTOCOL)
+                message = pickle.dumps(
+                    (call.ref, call.kwargs, call.batch.to("cpu")), protocol=pickle.HIGHEST_PROTOCOL
+                )
             except Exception as err:
-                results[index] = CallResult("raise", f"batch could not be pickled: {type(err).__name__}: {err}")
+                results[index] = CallResult(
+                    "raise", f"batch could not be pickled: {type(err).__name__}: {err}"
+                )
                 continue
             try:
                 worker.conn.send_bytes(message)
@@ -282,7 +300,8 @@ class RayPool:
             for _, since in self._starting.values():
                 if now - since > self.start_timeout_s:
                     raise RuntimeError(
-                        f"a verifier worker actor did not start within {self.start_timeout_s:.0f} s; "
+                        f"a verifier worker actor did not start within {self.start_timeout_s:.0f} "
+                        "s; "
                         f"the Ray cluster has {ray.available_resources()} free"
                     )
             for ref, (actor, index, started) in list(running.items()):
@@ -290,7 +309,9 @@ class RayPool:
                 if timeout_s is not None and now - started >= timeout_s:
                     ray.kill(actor)  # ends the process that runs the stuck call
                     del running[ref]
-                    results[index] = CallResult("timeout", f"no result after {timeout_s} s", now - started)
+                    results[index] = CallResult(
+                        "timeout", f"no result after {timeout_s} s", now - started
+                    )
         return [r for r in results if r is not None]
 
     def close(self) -> None:

@@ -23,7 +23,9 @@ ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 @register_verifier("format")
 def format_reward(batch: Batch, pattern: str | None = None) -> VerifierOutput:
-    """1.0 when ``response_text`` matches ``<think>…</think><answer>…</answer>`` (or ``pattern``), else 0.0."""
+    """1.0 when ``response_text`` matches ``<think>…</think><answer>…</answer>`` (or ``pattern``),
+    else 0.0.
+    """
     regex = re.compile(pattern, re.DOTALL) if pattern else FORMAT_RE
     scores = np.array([float(regex.fullmatch(str(r)) is not None) for r in batch["response_text"]])
     return VerifierOutput(scores=scores, valid=np.ones(len(scores), dtype=bool))
@@ -67,21 +69,33 @@ def math_answer(batch: Batch) -> VerifierOutput:
     """
     responses, truths = batch["response_text"], batch["ground_truth"]
     scores = np.array(
-        [float(math_equal(extract_answer(str(r)), str(t))) for r, t in zip(responses, truths, strict=True)]
+        [
+            float(math_equal(extract_answer(str(r)), str(t)))
+            for r, t in zip(responses, truths, strict=True)
+        ]
     )
     tagged = np.array([float(ANSWER_RE.search(str(r)) is not None) for r in responses])
-    return VerifierOutput(scores=scores, valid=np.ones(len(scores), dtype=bool), metrics={"has_answer_tag": tagged})
+    return VerifierOutput(
+        scores=scores, valid=np.ones(len(scores), dtype=bool), metrics={"has_answer_tag": tagged}
+    )
 
 
 @register_verifier("choice_answer")
 def choice_answer(batch: Batch) -> VerifierOutput:
-    """1.0 when the response's final answer is ``ground_truth`` as text (case and outer space ignored).
+    """1.0 when the response's final answer is ``ground_truth`` as text (case and outer space
+    ignored).
 
     For answers that are words or option letters, where ``math_answer`` would read
     ``der`` as the product d*e*r and call it equal to ``red``.
     """
     responses, truths = batch["response_text"], batch["ground_truth"]
-    scores = np.array([float(extract_answer(str(r)).casefold() == str(t).strip().casefold())
-                       for r, t in zip(responses, truths, strict=True)])
+    scores = np.array(
+        [
+            float(extract_answer(str(r)).casefold() == str(t).strip().casefold())
+            for r, t in zip(responses, truths, strict=True)
+        ]
+    )
     tagged = np.array([float(ANSWER_RE.search(str(r)) is not None) for r in responses])
-    return VerifierOutput(scores=scores, valid=np.ones(len(scores), dtype=bool), metrics={"has_answer_tag": tagged})
+    return VerifierOutput(
+        scores=scores, valid=np.ones(len(scores), dtype=bool), metrics={"has_answer_tag": tagged}
+    )

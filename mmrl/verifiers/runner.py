@@ -67,7 +67,9 @@ class _Scores:
         for key, value in out.metrics.items():
             column = self.metrics.setdefault(key, np.full(len(self.scores), np.nan))
             try:
-                column[rows] = np.broadcast_to(np.asarray(value, dtype=np.float64).reshape(-1), rows.shape)
+                column[rows] = np.broadcast_to(
+                    np.asarray(value, dtype=np.float64).reshape(-1), rows.shape
+                )
             except (TypeError, ValueError):
                 column[rows] = np.nan  # a metric that is not a float or [rows] floats is dropped
 
@@ -87,7 +89,9 @@ class VerifierRunner:
         timeout_s: per-call timeout for process-mode verifiers that set none themselves.
     """
 
-    def __init__(self, specs: Sequence[Any], num_workers: int | None = None, timeout_s: float | None = None) -> None:
+    def __init__(
+        self, specs: Sequence[Any], num_workers: int | None = None, timeout_s: float | None = None
+    ) -> None:
         self.verifiers: list[BoundVerifier] = bind_all(specs)
         self.num_workers = num_workers or min(8, os.cpu_count() or 1)
         self.timeout_s = timeout_s or DEFAULT_TIMEOUT_S
@@ -99,7 +103,11 @@ class VerifierRunner:
     @classmethod
     def from_config(cls, reward: Any) -> VerifierRunner:
         """Build from a ``RewardConfig`` (``verifiers``, ``num_workers``, ``timeout_s``)."""
-        return cls(reward.verifiers, getattr(reward, "num_workers", None), getattr(reward, "timeout_s", None))
+        return cls(
+            reward.verifiers,
+            getattr(reward, "num_workers", None),
+            getattr(reward, "timeout_s", None),
+        )
 
     # ----- public API -----------------------------------------------------------------
 
@@ -109,7 +117,9 @@ class VerifierRunner:
             n = len(batch)
             results: dict[str, _Scores] = {}
             background = [v for v in self.verifiers if v.options.mode == "process"]
-            worker_future = self._start_process_mode(background, batch) if background and n else None
+            worker_future = (
+                self._start_process_mode(background, batch) if background and n else None
+            )
             for v in self.verifiers:
                 if v.options.mode == "batch":
                     results[v.name] = self._run_inline(v, batch)
@@ -121,7 +131,8 @@ class VerifierRunner:
             return self._combine(results, n)
 
     def submit(self, batch: Batch) -> Future[VerifierOutput]:
-        """Run :meth:`run` in a background thread; the caller may add fields to ``batch`` meanwhile."""
+        """Run :meth:`run` in a background thread; the caller may add fields to ``batch``
+        meanwhile."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmrl-verify")
         snapshot = batch.select()  # new containers: later fields added by the caller stay out
@@ -156,7 +167,12 @@ class VerifierRunner:
             if n == 1:
                 res.fail(np.arange(1), "raise", _describe(err))
             else:
-                self._log_once(v.name, "fallback", f"verifier {v.name!r}: the batched call raised {_describe(err)}; scoring the {n} samples one by one")
+                self._log_once(
+                    v.name,
+                    "fallback",
+                    f"verifier {v.name!r}: the batched call raised {_describe(err)}; scoring the "
+                    f"{n} samples one by one",
+                )
                 for i in range(n):
                     try:
                         res.set(np.array([i]), *check_output(v.name, v.fn(batch[i]), 1))
@@ -169,7 +185,9 @@ class VerifierRunner:
 
     # ----- process mode -----------------------------------------------------------------
 
-    def _start_process_mode(self, verifiers: list[BoundVerifier], batch: Batch) -> Future[dict[str, _Scores]]:
+    def _start_process_mode(
+        self, verifiers: list[BoundVerifier], batch: Batch
+    ) -> Future[dict[str, _Scores]]:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmrl-verify-workers")
         future = executor.submit(self._run_in_workers, verifiers, batch)
         executor.shutdown(wait=False)
@@ -192,7 +210,12 @@ class VerifierRunner:
     def _call(self, jobs: list[tuple[BoundVerifier, np.ndarray]], batch: Batch) -> list[CallResult]:
         # Rows of a call are contiguous: a slice is a view, far cheaper than gathering by index.
         calls = [
-            Call(v.portable or v.ref, v.kwargs, batch[int(rows[0]) : int(rows[-1]) + 1], v.options.timeout_s or self.timeout_s)
+            Call(
+                v.portable or v.ref,
+                v.kwargs,
+                batch[int(rows[0]) : int(rows[-1]) + 1],
+                v.options.timeout_s or self.timeout_s,
+            )
             for v, rows in jobs
         ]
         use_ray = "ray" in sys.modules and sys.modules["ray"].is_initialized()
@@ -203,7 +226,10 @@ class VerifierRunner:
         return self._pool.run(calls)
 
     def _collect(
-        self, jobs: list[tuple[BoundVerifier, np.ndarray]], outcomes: list[CallResult], results: dict[str, _Scores]
+        self,
+        jobs: list[tuple[BoundVerifier, np.ndarray]],
+        outcomes: list[CallResult],
+        results: dict[str, _Scores],
     ) -> list[tuple[BoundVerifier, np.ndarray]]:
         """Record each call's outcome; return the failed multi-sample calls to retry."""
         retry = []
@@ -232,12 +258,18 @@ class VerifierRunner:
                 valid &= res.valid
             prefix = f"reward/{v.name}"
             scored = np.count_nonzero(res.valid)
-            metrics[f"{prefix}/mean"] = float(res.scores[res.valid].sum() / scored) if scored else 0.0
+            metrics[f"{prefix}/mean"] = (
+                float(res.scores[res.valid].sum() / scored) if scored else 0.0
+            )
             for kind in ERROR_KINDS:
                 rows = res.errors.get(kind)
-                metrics[f"{prefix}/errors/{kind}"] = float(np.count_nonzero(rows)) if rows is not None else 0.0
+                metrics[f"{prefix}/errors/{kind}"] = (
+                    float(np.count_nonzero(rows)) if rows is not None else 0.0
+                )
             failed = np.logical_or.reduce(list(res.errors.values())) if res.errors else None
-            metrics[f"{prefix}/errors"] = float(np.count_nonzero(failed)) if failed is not None else 0.0
+            metrics[f"{prefix}/errors"] = (
+                float(np.count_nonzero(failed)) if failed is not None else 0.0
+            )
             for key, column in res.metrics.items():
                 kept = column[res.valid & ~np.isnan(column)]
                 metrics[f"{prefix}/{key}"] = float(kept.mean()) if kept.size else 0.0
@@ -252,8 +284,10 @@ class VerifierRunner:
                 uid = f", uid {uids[row]!r}" if uids is not None else ""
                 self._log_once(
                     name, kind,
-                    f"verifier {name!r}: {kind} on sample {row}{uid}: {message} (sample marked invalid; "
-                    f"later {kind} errors of this verifier are only counted in reward/{name}/errors/{kind})",
+                    f"verifier {name!r}: {kind} on sample {row}{uid}: {message} (sample marked "
+                    "invalid; "
+                    f"later {kind} errors of this verifier are only counted in "
+                    f"reward/{name}/errors/{kind})",
                 )  # fmt: skip
 
     def _log_once(self, name: str, kind: str, message: str) -> None:
@@ -271,7 +305,9 @@ def _describe(err: BaseException) -> str:
 _RUNNERS: dict[tuple, VerifierRunner] = {}
 
 
-def get_runner(verifiers: Sequence[Any], num_workers: int | None = None, timeout_s: float | None = None) -> VerifierRunner:
+def get_runner(
+    verifiers: Sequence[Any], num_workers: int | None = None, timeout_s: float | None = None
+) -> VerifierRunner:
     """A runner for these specs, created once per process and reused (its workers stay up)."""
     key = (tuple(spec_key(s) for s in verifiers), num_workers, timeout_s)
     if key not in _RUNNERS:
@@ -280,7 +316,10 @@ def get_runner(verifiers: Sequence[Any], num_workers: int | None = None, timeout
 
 
 def score_batch(
-    batch: Batch, verifiers: Sequence[Any], num_workers: int | None = None, timeout_s: float | None = None
+    batch: Batch,
+    verifiers: Sequence[Any],
+    num_workers: int | None = None,
+    timeout_s: float | None = None,
 ) -> VerifierOutput:
     """Run each verifier and combine them as a weighted sum (see :class:`VerifierRunner`).
 

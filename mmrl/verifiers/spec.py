@@ -42,12 +42,17 @@ def spec_fields(spec: Any) -> dict[str, Any]:
         return {"name": spec, "weight": 1.0}
     if isinstance(spec, tuple | list):
         if len(spec) != 2:
-            raise ValueError(f"a verifier given as a sequence must be (name, weight), found {spec!r}")
+            raise ValueError(
+                f"a verifier given as a sequence must be (name, weight), found {spec!r}"
+            )
         return {"name": spec[0], "weight": spec[1]}
     if isinstance(spec, Mapping):
         unknown = set(spec) - set(SPEC_FIELDS)
         if unknown:
-            raise ValueError(f"verifier entry {dict(spec)} has unknown keys {sorted(unknown)}; known: {SPEC_FIELDS}")
+            raise ValueError(
+                f"verifier entry {dict(spec)} has unknown keys {sorted(unknown)}; known: "
+                f"{SPEC_FIELDS}"
+            )
         return dict(spec)
     return {key: getattr(spec, key, None) for key in SPEC_FIELDS}
 
@@ -57,14 +62,19 @@ def bind(spec: Any) -> BoundVerifier:
     fields = spec_fields(spec)
     ref = fields.get("name")
     if not ref or not isinstance(ref, str):
-        raise ValueError(f"verifier entry {fields} needs a 'name' (a registered name, entry point, module:fn or file.py:fn)")
+        raise ValueError(
+            f"verifier entry {fields} needs a 'name' (a registered name, entry point, module:fn or "
+            "file.py:fn)"
+        )
     weight = 1.0 if fields.get("weight") is None else float(fields["weight"])
     kwargs = dict(fields.get("kwargs") or {})
     fn = resolve(ref)
     declared = run_options(fn)
     options = RunOptions(
         mode=fields.get("mode") or declared.mode,
-        timeout_s=fields.get("timeout_s") if fields.get("timeout_s") is not None else declared.timeout_s,
+        timeout_s=fields.get("timeout_s")
+        if fields.get("timeout_s") is not None
+        else declared.timeout_s,
         chunk_size=fields.get("chunk_size") or declared.chunk_size,
     )
     bound = BoundVerifier(
@@ -86,7 +96,9 @@ def bind_all(specs: Any) -> list[BoundVerifier]:
     names = [b.name for b in bound]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ValueError(f"verifiers {dupes} appear more than once; give each an 'alias' to name its metrics")
+        raise ValueError(
+            f"verifiers {dupes} appear more than once; give each an 'alias' to name its metrics"
+        )
     if not bound:
         raise ValueError("reward.verifiers is empty; name at least one verifier")
     return bound

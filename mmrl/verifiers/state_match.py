@@ -26,7 +26,9 @@ from mmrl.verifiers.frames import aggregate_frames, frame_pairs
 POSITION_FIELDS = ("pixels", "agent")
 
 
-def frame_state_match(env: Any, pred: np.ndarray, truth: np.ndarray, tolerance: int = 0) -> tuple[bool, float]:
+def frame_state_match(
+    env: Any, pred: np.ndarray, truth: np.ndarray, tolerance: int = 0
+) -> tuple[bool, float]:
     """``(match, position_error)`` of one predicted ``uint8 [H, W, 3]`` frame against the true one.
 
     ``position_error`` is the largest absolute coordinate difference of the positions
@@ -74,7 +76,9 @@ def state_match(
     matches, errors = np.zeros((b, f)), np.zeros((b, f))
     for i in range(b):
         for j in range(f):
-            matches[i, j], errors[i, j] = frame_state_match(world, pred_u8[i, j], gt_u8[i, j], tolerance)
+            matches[i, j], errors[i, j] = frame_state_match(
+                world, pred_u8[i, j], gt_u8[i, j], tolerance
+            )
     valid_state = np.isfinite(errors)
     errors = np.minimum(errors, float(max(pred_u8.shape[2:4])))
     scores = aggregate_frames(torch.from_numpy(matches), aggregate, gamma).numpy()

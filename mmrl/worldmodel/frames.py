@@ -32,7 +32,8 @@ def to_frames(images: torch.Tensor) -> np.ndarray:
 
 
 def psnr(pred: np.ndarray, target: np.ndarray) -> float:
-    """Mean over frames of the per-frame PSNR in dB of ``uint8 [N, H, W, 3]`` frames (capped at 60)."""
+    """Mean over frames of the per-frame PSNR in dB of ``uint8 [N, H, W, 3]`` frames (capped at
+    60)."""
     err = (pred.astype(np.float64) - target.astype(np.float64)) ** 2
     mse = err.reshape(len(err), -1).mean(axis=1)
     return float(np.mean(10 * np.log10(255.0**2 / np.maximum(mse, 255.0**2 * 1e-6))))
@@ -90,7 +91,9 @@ def colour_bins(frames: np.ndarray) -> np.ndarray:
 def weighted_mse(
     recon: torch.Tensor, x: torch.Tensor, frames: np.ndarray, weights: torch.Tensor
 ) -> torch.Tensor:
-    """MSE of ``recon`` vs ``x [N, 3, H, W]``, each pixel weighted by its colour in ``frames uint8 [N, H, W, 3]``."""
+    """MSE of ``recon`` vs ``x [N, 3, H, W]``, each pixel weighted by its colour in ``frames uint8
+    [N, H, W, 3]``.
+    """
     w = weights[torch.from_numpy(colour_bins(frames))][:, None]
     return (w * (recon - x) ** 2).mean() / w.mean()
 

@@ -73,7 +73,9 @@ class LatentAutoencoder:
 
     @torch.no_grad()
     def encode(self, frames: np.ndarray, batch_size: int = 256) -> torch.Tensor:
-        """``frames uint8 [N, H, W, 3]`` -> latents ``float32 [N, C, h, w]`` (posterior mean, standardised)."""
+        """``frames uint8 [N, H, W, 3]`` -> latents ``float32 [N, C, h, w]`` (posterior mean,
+        standardised).
+        """
         cfg = self.model.config
         out = [
             self.model.encode(F.to_tensor(frames[s])).latent_dist.mean
@@ -87,7 +89,8 @@ class LatentAutoencoder:
         """Latents ``[N, C, h, w]`` -> ``frames uint8 [N, H, W, 3]``."""
         if latents.ndim != 4 or tuple(latents.shape[1:]) != self.latent_shape:
             raise ValueError(
-                f"expected latents [N, {', '.join(map(str, self.latent_shape))}], found {list(latents.shape)}"
+                f"expected latents [N, {', '.join(map(str, self.latent_shape))}], found "
+                f"{list(latents.shape)}"
             )
         cfg = self.model.config
         raw = latents.float() / cfg.scaling_factor + cfg.shift_factor

@@ -46,12 +46,15 @@ class FramePredictor(Protocol):
     context: int
 
     def predict(self, context_frames: np.ndarray, actions: np.ndarray) -> np.ndarray:
-        """``context_frames uint8 [N, K, H, W, 3]``, ``actions float32 [N, K+T-1, A]`` -> ``uint8 [N, T, H, W, 3]``."""
+        """``context_frames uint8 [N, K, H, W, 3]``, ``actions float32 [N, K+T-1, A]`` -> ``uint8
+        [N, T, H, W, 3]``.
+        """
         ...
 
 
 class LatentPredictor:
-    """Greedy (mean) multi-step predictions of a Gaussian latent policy, decoded by its autoencoder."""
+    """Greedy (mean) multi-step predictions of a Gaussian latent policy, decoded by its
+    autoencoder."""
 
     def __init__(self, policy, ae, batch_size: int = 256) -> None:
         self.policy, self.ae, self.batch_size = policy.eval(), ae, batch_size
@@ -61,7 +64,9 @@ class LatentPredictor:
     def predict(self, context_frames: np.ndarray, actions: np.ndarray) -> np.ndarray:
         n, k = context_frames.shape[:2]
         t = actions.shape[1] - k + 1
-        z = self.ae.encode(context_frames.reshape(-1, *context_frames.shape[2:])).reshape(n, k, *self.ae.latent_shape)
+        z = self.ae.encode(context_frames.reshape(-1, *context_frames.shape[2:])).reshape(
+            n, k, *self.ae.latent_shape
+        )
         act = torch.from_numpy(np.asarray(actions, dtype=np.float32))
         preds = []
         for step in range(t):
@@ -73,7 +78,8 @@ class LatentPredictor:
 
 
 class TokenPredictor:
-    """Greedy, visual-token-constrained predictions of a token world model, decoded by its VQ tokenizer.
+    """Greedy, visual-token-constrained predictions of a token world model, decoded by its VQ
+    tokenizer.
 
     ``model``, ``processor`` as from :func:`~mmrl.worldmodel.token_lm.load_token_world_model`
     (its ``context`` is used; the horizon comes from the actions), ``tokenizer`` a
@@ -101,7 +107,8 @@ class TokenPredictor:
 
 
 class SimulatorPredictor:
-    """The true environment as a world model: replays candidate actions from the real env's current state.
+    """The true environment as a world model: replays candidate actions from the real env's current
+    state.
 
     Reads ``env.get_state()`` at each call, so it must be called while ``env`` is at the
     state the context frames end in (as :func:`run_episode` does).
@@ -122,15 +129,21 @@ class SimulatorPredictor:
 
 @dataclass
 class Goal:
-    """A task: ``cost(observed state) -> float`` (lower is better) and ``success(true observed state)``."""
+    """A task: ``cost(observed state) -> float`` (lower is better) and ``success(true observed
+    state)``.
+    """
 
     name: str
     cost: Callable[[State], float]
     success: Callable[[State], bool]
 
 
-def make_goal(env: Env, task: str, seed: int, radius: float = 4.0, min_distance: float = 10.0) -> Goal:
-    """The goal of one episode; ``env`` must already be reset with ``seed`` (see the module docstring)."""
+def make_goal(
+    env: Env, task: str, seed: int, radius: float = 4.0, min_distance: float = 10.0
+) -> Goal:
+    """The goal of one episode; ``env`` must already be reset with ``seed`` (see the module
+    docstring).
+    """
     if env.name == "grid" and task == "reach_goal":
 
         def dist(s: State) -> float:
@@ -156,7 +169,10 @@ def make_goal(env: Env, task: str, seed: int, radius: float = 4.0, min_distance:
             return float(np.linalg.norm(s["pixels"][body].astype(float) - target)) <= radius
 
         return Goal(task, cost, success)
-    raise ValueError(f"no planning task {task!r} for env {env.name!r}; known: grid/reach_goal, push/push_object, push/reach")
+    raise ValueError(
+        f"no planning task {task!r} for env {env.name!r}; known: grid/reach_goal, "
+        "push/push_object, push/reach"
+    )
 
 
 @dataclass
@@ -181,17 +197,27 @@ def null_action(env: Env) -> np.ndarray:
 
 
 def plan(
-    predictor: FramePredictor, env: Env, goal: Goal, frames: list[np.ndarray], actions: list[np.ndarray],
-    cfg: PlannerConfig, rng: np.random.Generator,
+    predictor: FramePredictor,
+    env: Env,
+    goal: Goal,
+    frames: list[np.ndarray],
+    actions: list[np.ndarray],
+    cfg: PlannerConfig,
+    rng: np.random.Generator,
 ) -> np.ndarray:
-    """The cheapest of ``cfg.candidates`` random action sequences ``[horizon, A]`` under ``predictor``.
+    """The cheapest of ``cfg.candidates`` random action sequences ``[horizon, A]`` under
+    ``predictor``.
 
     A candidate's cost is the minimum over its predicted frames of ``goal.cost`` (frames
     that show no valid state cost ``INVALID_COST``), plus a small tie-break on the last frame.
     """
     k = predictor.context
     cands = sample_actions(env, rng, (cfg.candidates, cfg.horizon))
-    past = np.stack(actions[len(actions) - (k - 1) :]) if k > 1 else np.zeros((0, cands.shape[-1]), np.float32)
+    past = (
+        np.stack(actions[len(actions) - (k - 1) :])
+        if k > 1
+        else np.zeros((0, cands.shape[-1]), np.float32)
+    )
     full = np.concatenate([np.broadcast_to(past, (cfg.candidates, *past.shape)), cands], axis=1)
     context = np.broadcast_to(np.stack(frames[-k:]), (cfg.candidates, k, *frames[-1].shape))
     predicted = predictor.predict(np.ascontiguousarray(context), np.ascontiguousarray(full))
@@ -205,7 +231,11 @@ def plan(
 
 
 def run_episode(
-    env: Env, task: str, seed: int, cfg: PlannerConfig, predictor: FramePredictor | None = None,
+    env: Env,
+    task: str,
+    seed: int,
+    cfg: PlannerConfig,
+    predictor: FramePredictor | None = None,
 ) -> dict[str, float]:
     """One episode in the real ``env``; ``predictor=None`` acts uniformly at random.
 
@@ -221,19 +251,34 @@ def run_episode(
     queue: list[np.ndarray] = []
     for step in range(1, cfg.max_steps + 1):
         if not queue:
-            chosen = (sample_actions(env, rng, (cfg.replan_every,)) if predictor is None
-                      else plan(predictor, env, goal, frames, actions, cfg, rng)[: cfg.replan_every])  # fmt: skip
+            chosen = (
+                sample_actions(env, rng, (cfg.replan_every,))
+                if predictor is None
+                else plan(predictor, env, goal, frames, actions, cfg, rng)[: cfg.replan_every]
+            )
             queue = list(chosen)
         actions.append(queue.pop(0))
         frames.append(env.step(actions[-1]))
         if goal.success(env.observe(env.get_state())):
-            return {"success": 1.0, "steps": float(step), "final_cost": goal.cost(env.observe(env.get_state()))}
-    return {"success": 0.0, "steps": float(cfg.max_steps), "final_cost": goal.cost(env.observe(env.get_state()))}
+            return {
+                "success": 1.0,
+                "steps": float(step),
+                "final_cost": goal.cost(env.observe(env.get_state())),
+            }
+    return {
+        "success": 0.0,
+        "steps": float(cfg.max_steps),
+        "final_cost": goal.cost(env.observe(env.get_state())),
+    }
 
 
 def evaluate_planner(
-    env: Env, task: str, predictors: dict[str, FramePredictor | None], episodes: int = 20,
-    cfg: PlannerConfig | None = None, seed: int = 0,
+    env: Env,
+    task: str,
+    predictors: dict[str, FramePredictor | None],
+    episodes: int = 20,
+    cfg: PlannerConfig | None = None,
+    seed: int = 0,
 ) -> dict[str, dict[str, float]]:
     """Success rate, mean steps and mean final cost per predictor over the same ``episodes`` seeds.
 

@@ -104,7 +104,8 @@ class PretrainResult:
 
 
 def prepare_data(cfg: PretrainConfig) -> tuple[Path, Path]:
-    """Generate the train and held-out datasets unless they exist (seeds ``seed`` and ``seed+1``)."""
+    """Generate the train and held-out datasets unless they exist (seeds ``seed`` and
+    ``seed+1``)."""
     env = make_env(cfg.data.env, **cfg.data.env_config)
     root, d = Path(cfg.data.dir), cfg.data
     train = generate_dataset(
@@ -126,7 +127,8 @@ def prepare_data(cfg: PretrainConfig) -> tuple[Path, Path]:
 def encode_sequences(
     dataset_dir: Path, tokenizer: VQTokenizer, processor: TokenWorldModelProcessor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every window of a dataset as ``input_ids [M, L]`` and ``labels [M, L]`` (all windows have length L).
+    """Every window of a dataset as ``input_ids [M, L]`` and ``labels [M, L]`` (all windows have
+    length L).
 
     Labels are the response and the visual ids of context frames after the first;
     everything else is -100.
@@ -171,7 +173,8 @@ def response_loss(
 def greedy_responses(
     model: PreTrainedModel, prompts: torch.Tensor, processor: TokenWorldModelProcessor
 ) -> torch.Tensor:
-    """Greedy responses ``[B, F*h*w]`` constrained to visual tokens (all prompts have one length)."""
+    """Greedy responses ``[B, F*h*w]`` constrained to visual tokens (all prompts have one
+    length)."""
     allowed = torch.zeros(model.config.vocab_size, dtype=torch.bool)
     allowed[processor.allowed_token_ids()] = True
     model.eval()
@@ -259,7 +262,8 @@ def _train_loop(
     cfg: PretrainConfig,
     out: Path,
 ) -> tuple[str, int, list[dict[str, float]]]:
-    """AdamW with linear warm-up; validate every ``val_every`` steps, keep the best, stop on a plateau.
+    """AdamW with linear warm-up; validate every ``val_every`` steps, keep the best, stop on a
+    plateau.
 
     Returns the stop reason, the steps run and the validation history.
     """
@@ -342,9 +346,11 @@ def evaluate_greedy(
     for name, pred in (("greedy", frames.reshape(shape)), ("copy_last_frame", copied),
                        ("tokenizer_ceiling", ceiling)):  # fmt: skip
         scores[f"val/psnr_{name}"] = psnr(pred, truth)
-        scores[f"val/state_match_{name}"] = float(np.mean(
-            [states_equal(env.state_from_frame(p), env.state_from_frame(t)) for p, t in zip(pred, truth, strict=True)]
-        ))  # fmt: skip
+        matches = [
+            states_equal(env.state_from_frame(p), env.state_from_frame(t))
+            for p, t in zip(pred, truth, strict=True)
+        ]
+        scores[f"val/state_match_{name}"] = float(np.mean(matches))
     return scores
 
 

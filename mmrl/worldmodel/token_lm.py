@@ -75,7 +75,9 @@ class TokenWorldModelProcessor:
         return self.layout.visual_ids()
 
     def build_prompt(self, context_codes: np.ndarray, actions: np.ndarray) -> list[int]:
-        """Prompt ids (1-D, unpadded) from ``context_codes int [K, h, w]`` and ``actions [K+F-1, A]``."""
+        """Prompt ids (1-D, unpadded) from ``context_codes int [K, h, w]`` and ``actions [K+F-1,
+        A]``.
+        """
         k, n_actions = self.context, self.context + self.future - 1
         context_codes, actions = np.asarray(context_codes), np.asarray(actions)
         if context_codes.ndim != 3 or len(context_codes) != k:
@@ -104,7 +106,8 @@ class TokenWorldModelProcessor:
         future_codes = np.asarray(future_codes)
         if future_codes.ndim != 3 or len(future_codes) != self.future:
             raise ValueError(
-                f"expected {self.future} future frames of codes [F, h, w], found {list(future_codes.shape)}"
+                f"expected {self.future} future frames of codes [F, h, w], found "
+                f"{list(future_codes.shape)}"
             )
         return self.layout.codes_to_ids(future_codes).reshape(-1).tolist()
 
@@ -120,7 +123,8 @@ class TokenWorldModelProcessor:
         return mask
 
     def decode_response(self, ids: list[int] | np.ndarray) -> DecodedResponse:
-        """Read a response (trailing ``<pad>``/``<eos>`` ignored) as codes; never raises on bad ids."""
+        """Read a response (trailing ``<pad>``/``<eos>`` ignored) as codes; never raises on bad
+        ids."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         end = len(ids)
         while end and ids[end - 1] in (PAD, EOS):
@@ -179,7 +183,8 @@ class TokenWorldModelProcessor:
         total = self.prompt_length + self.response_length
         if config.max_position_embeddings < total:
             problems.append(
-                f"max_position_embeddings {config.max_position_embeddings} < prompt+response {total}"
+                f"max_position_embeddings {config.max_position_embeddings} < prompt+response "
+                f"{total}"
             )
         head_dim = config.hidden_size // config.num_attention_heads
         if head_dim < MIN_HEAD_DIM:

@@ -157,7 +157,9 @@ def _same(what: str, values: list, paths: list[Path]) -> None:
 
 
 def write_mp4(path: str | Path, frames: np.ndarray, fps: float) -> Path:
-    """Write ``frames uint8 [T, H, W, 3]`` as an mp4 (imageio's ffmpeg/pyav if present, else OpenCV)."""
+    """Write ``frames uint8 [T, H, W, 3]`` as an mp4 (imageio's ffmpeg/pyav if present, else
+    OpenCV).
+    """
     import imageio.v3 as iio
 
     path = Path(path)

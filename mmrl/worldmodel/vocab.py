@@ -142,7 +142,8 @@ class VocabLayout:
         )
         if "vocab_size" in data and data["vocab_size"] != layout.vocab_size:
             raise ValueError(
-                f"layout says vocab_size {data['vocab_size']}, its parts add up to {layout.vocab_size}"
+                f"layout says vocab_size {data['vocab_size']}, its parts add up to "
+                f"{layout.vocab_size}"
             )
         return layout
 

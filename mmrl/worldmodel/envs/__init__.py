@@ -1,4 +1,6 @@
-"""Procedural environments with actions, selected by name: ``make_env("grid")``, ``make_env("push")``."""
+"""Procedural environments with actions, selected by name: ``make_env("grid")``,
+``make_env("push")``.
+"""
 
 from mmrl.worldmodel.envs import grid, push  # noqa: F401  (registers the environments)
 from mmrl.worldmodel.envs.base import (

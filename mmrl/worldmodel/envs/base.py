@@ -173,5 +173,6 @@ def check_frame(frame: np.ndarray, height: int, width: int) -> None:
     """Raise unless ``frame`` is ``uint8 [height, width, 3]``."""
     if frame.shape != (height, width, 3) or frame.dtype != np.uint8:
         raise ValueError(
-            f"expected a frame uint8 [{height}, {width}, 3], found {frame.dtype} {list(frame.shape)}"
+            f"expected a frame uint8 [{height}, {width}, 3], found {frame.dtype} "
+            f"{list(frame.shape)}"
         )

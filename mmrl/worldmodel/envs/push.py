@@ -42,7 +42,8 @@ class PushWorld(Env):
     accelerates the agent. Objects keep their momentum (with a little friction),
     bounce off walls and off each other, and are pushed by the agent. Each step
     integrates ``substeps`` sub-steps with elastic-ish impulses and overlap
-    correction. The observed state is each body's pixel ``(x, y) = floor(pos)``, drawn as a 21-px sprite.
+    correction. The observed state is each body's pixel ``(x, y) = floor(pos)``, drawn as a 21-px
+    sprite.
     """
 
     action_spec = ActionSpec(kind="continuous", dim=2, low=-1.0, high=1.0)

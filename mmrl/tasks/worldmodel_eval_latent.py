@@ -1,0 +1,104 @@
+"""Held-out evaluation of a Gaussian latent world-model policy (``latent_policy.json`` folders).
+
+Frames come from the same processor and rollout engine as RL, and are scored by
+:func:`~mmrl.tasks.worldmodel_eval.frame_scores`, as token world models are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mmrl.tasks.worldmodel_eval import METRICS, EvalResult, _nanmean, frame_scores
+
+
+def load_latent_policy(model_dir: str | Path):
+    """``(policy, autoencoder)`` of a latent policy folder (``latent_policy.json`` +
+    ``autoencoder/``).
+    """
+    from mmrl.models.latent_policy import AUTOENCODER_DIR, GaussianLatentPolicy
+    from mmrl.worldmodel.latent_ae import LatentAutoencoder
+
+    ae_dir = Path(model_dir) / AUTOENCODER_DIR
+    if not ae_dir.is_dir():
+        raise FileNotFoundError(
+            f"{model_dir} has no {AUTOENCODER_DIR}/ folder: a latent policy folder carries the "
+            "autoencoder that defines its latent space"
+        )
+    return GaussianLatentPolicy.from_pretrained(
+        model_dir
+    ).float().eval(), LatentAutoencoder.from_pretrained(ae_dir)
+
+
+def check_source_fits_latent(source: Any, policy: Any, ae: Any, where: str) -> None:
+    """Raise unless the data's frame size and action dimension are the latent policy's."""
+    info, size, dim = source.info, ae.frame_size, policy.cfg.action_dim
+    if (info.height, info.width) != (size, size):
+        raise ValueError(
+            f"{where}: frames are {info.height}x{info.width}, the policy's autoencoder takes "
+            f"{size}x{size}"
+        )
+    if info.action.dim != dim:
+        raise ValueError(
+            f"{where}: actions have dimension {info.action.dim}; the latent policy takes {dim}"
+        )
+
+
+def predict_latent(
+    policy: Any, ae: Any, windows: Any, greedy: bool, temperature: float = 1.0, seed: int = 0
+) -> np.ndarray:
+    """Frames ``uint8 [N, F, H, W, 3]`` predicted for ``windows`` by a latent policy: its means
+    (``greedy``) or samples at ``temperature``, through the same processor and rollout engine as
+    RL."""
+    from mmrl.processors.latent import LatentWorldModelProcessor
+    from mmrl.rollout.latent import LatentRollout
+    from mmrl.sampling import SamplingParams
+
+    processor = LatentWorldModelProcessor(ae, windows.context.shape[1], windows.future.shape[1])
+    prompts = processor.encode_dataset(windows, "eval")
+    sampling = SamplingParams(
+        **processor.sampling_overrides(), do_sample=not greedy, temperature=temperature, seed=seed
+    )
+    return processor.decode(LatentRollout(policy).generate(prompts, sampling))[
+        "pred_frames"
+    ].numpy()
+
+
+def evaluate_latent(
+    policy: Any,
+    ae: Any,
+    windows: Any,
+    greedy: bool,
+    samples: int = 1,
+    seed: int = 0,
+    temperature: float = 1.0,
+) -> EvalResult:
+    """Like :func:`evaluate_model` for a latent policy (greedy: the means; no invalid frames)."""
+    ok = np.ones(len(windows), bool)
+    per_run, first = [], None
+    for r in range(1 if greedy else samples):
+        frames = predict_latent(policy, ae, windows, greedy, temperature, seed + 7919 * r)
+        first = frames if first is None else first
+        per_run.append(frame_scores(frames, windows.future, ok, windows.env))
+    return EvalResult(
+        {k: _nanmean(np.concatenate([s[k] for s in per_run])) for k in METRICS}, first
+    )
+
+
+def latent_reference_rows(windows: Any, ae: Any, future: int) -> dict[str, dict[str, float]]:
+    """Two references through the policy's autoencoder: copying the last context frame, and
+    the true future itself (the autoencoder's ceiling), both encoded and decoded."""
+    last = np.repeat(windows.context[:, -1:], future, axis=1)
+    ok = np.ones(len(windows), bool)
+    rows = {}
+    for name, frames in (
+        ("copy last context frame (through the AE)", last),
+        ("autoencoder ceiling (true future through the AE)", windows.future),
+    ):
+        flat = ae.decode(ae.encode(frames.reshape(-1, *frames.shape[2:]))).reshape(frames.shape)
+        rows[name] = {
+            k: _nanmean(v) for k, v in frame_scores(flat, windows.future, ok, windows.env).items()
+        }
+    return rows

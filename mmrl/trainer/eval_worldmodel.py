@@ -1,0 +1,113 @@
+"""``mmrl eval --model DIR --data DIR``: held-out metrics of a world-model checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mmrl.tasks.worldmodel_eval import (
+    check_source_fits,
+    check_trajectory_length,
+    evaluate_model,
+    format_table,
+    load_checkpoint,
+    open_trajectories,
+    reference_rows,
+)
+from mmrl.tasks.worldmodel_eval_latent import (
+    check_source_fits_latent,
+    evaluate_latent,
+    latent_reference_rows,
+    load_latent_policy,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``mmrl eval --model DIR --data DIR``: metrics of a world-model checkpoint (token world
+    model or latent policy folder) on trajectory data."""
+    import argparse
+
+    from mmrl.models.latent_policy import is_latent_policy_dir
+    from mmrl.processors.worldmodel import load_windows
+
+    p = argparse.ArgumentParser(prog="mmrl eval", description=main.__doc__)
+    p.add_argument(
+        "--model",
+        required=True,
+        help="world-model checkpoint (token_wm/best, an RL actor/ folder) "
+        "or a latent policy folder (latent_policy.json + autoencoder/)",
+    )
+    p.add_argument(
+        "--data", required=True, help="trajectory dataset folder, or a folder of .mp4 + actions"
+    )
+    p.add_argument("--tokenizer", help="VQ tokenizer folder (default: <model>/vq_tokenizer)")
+    p.add_argument(
+        "--future",
+        type=int,
+        help="frames a latent policy predicts per window (default 2; a token model has its own)",
+    )
+    p.add_argument(
+        "--windows", type=int, default=64, help="windows drawn from the data (all if fewer)"
+    )
+    p.add_argument("--samples", type=int, default=4, help="sampled predictions per window")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument(
+        "--num-actions", type=int, help="mp4 sidecars hold discrete action ids in [0, N)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="also write the metrics here")
+    args = p.parse_args(argv)
+    sampled = f"model (sampled x{args.samples}, T={args.temperature:g})"
+    if is_latent_policy_dir(args.model):
+        policy, ae = load_latent_policy(args.model)
+        context, future = policy.cfg.context, args.future or 2
+        source = open_trajectories(args.data, args.num_actions)
+        check_source_fits_latent(source, policy, ae, args.data)
+        check_trajectory_length(source, context, future, args.data)
+        windows = load_windows(source, context, future, args.windows, args.seed)
+        rows = {
+            "model (greedy)": evaluate_latent(policy, ae, windows, True, seed=args.seed).metrics,
+            sampled: evaluate_latent(
+                policy, ae, windows, False, args.samples, args.seed, args.temperature
+            ).metrics,
+        }
+        rows.update(latent_reference_rows(windows, ae, future))
+        kind = "latent policy"
+    else:
+        model, processor, tokenizer = load_checkpoint(args.model, args.tokenizer)
+        context, future = processor.context, processor.future
+        if args.future is not None and args.future != future:
+            raise ValueError(
+                f"--future {args.future}: the token world model {args.model} predicts {future} "
+                "frames"
+            )
+        source = open_trajectories(args.data, args.num_actions)
+        check_source_fits(source, processor, tokenizer, args.data)
+        check_trajectory_length(source, context, future, args.data)
+        windows = load_windows(source, context, future, args.windows, args.seed)
+        rows = {
+            "model (greedy)": evaluate_model(
+                model, processor, tokenizer, windows, True, seed=args.seed
+            ).metrics,
+            sampled: evaluate_model(
+                model,
+                processor,
+                tokenizer,
+                windows,
+                False,
+                args.samples,
+                args.seed,
+                args.temperature,
+            ).metrics,
+        }
+        rows.update(reference_rows(windows, tokenizer, future))
+        kind = "token world model"
+    env = windows.env["name"] if windows.env else "unknown (no state match)"
+    print(
+        f"\n{kind}; {len(windows)} windows of {args.data} (env: {env}); {context} context frames, "
+        f"{future} predicted\n"
+    )
+    print(format_table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
