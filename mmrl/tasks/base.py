@@ -53,8 +53,13 @@ class PromptDataset:
 
 @dataclass
 class TaskData:
+    """A task's splits. ``train`` feeds RL; ``val`` is what the run validates on and what
+    checkpoint selection, early stopping and tuning may read; ``test`` is held out for
+    final claims (end-of-run comparisons, benchmark tables) and read by nothing else."""
+
     train: PromptDataset
     val: PromptDataset
+    test: PromptDataset | None = None
 
 
 TASKS: dict[str, type] = {}
