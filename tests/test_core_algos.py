@@ -206,6 +206,34 @@ def test_reinforce_plus_plus_return_to_go() -> None:
     torch.testing.assert_close(adv, torch.tensor(ref_whiten(rtg, keep)), atol=1e-5, rtol=1e-5)
 
 
+def test_reinforce_plus_plus_carries_the_return_across_observation_steps() -> None:
+    # Two turns with an observation step between them; the reward comes at the end.
+    rewards = torch.tensor([[0.0, 5.0, 0.0, 1.0]])  # the 5.0 sits on the masked step
+    mask = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
+    _, returns = get_adv_estimator("reinforce_plus_plus")(
+        token_level_rewards=rewards,
+        response_mask=mask,
+        index=None,
+        config=AdvantageConfig(gamma=0.5),
+    )
+    # The masked step is skipped, not discounted, and its reward is ignored.
+    torch.testing.assert_close(returns, torch.tensor([[0.25, 0.0, 0.5, 1.0]]))
+
+
+def test_remax_return_is_undiscounted() -> None:
+    rewards = torch.tensor([[0.0, 0.0, 1.0]])
+    common = {
+        "token_level_rewards": rewards,
+        "response_mask": torch.ones(1, 3),
+        "index": None,
+        "reward_baselines": torch.tensor([0.5]),
+    }
+    adv, returns = get_adv_estimator("remax")(config=AdvantageConfig(gamma=0.5), **common)
+    # The greedy baseline is an undiscounted sequence score, so the return is too.
+    torch.testing.assert_close(returns, torch.ones(1, 3))
+    torch.testing.assert_close(adv, torch.full((1, 3), 0.5))
+
+
 def test_remax() -> None:
     rewards = torch.tensor([[0.5, 0.0, 1.0], [2.0, 1.0, 0.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]]).float()

@@ -33,7 +33,7 @@ ADV_ESTIMATORS: dict[str, AdvantageEstimator] = {}
 class AdvantageConfig:
     """Estimator settings.
 
-    gamma: discount per response step (GAE, REINFORCE++, ReMax).
+    gamma: discount per response step (GAE, REINFORCE++).
     lam: GAE lambda.
     norm_adv_by_std_in_grpo: divide GRPO advantages by the group std; False gives Dr.GRPO.
     epsilon: added to the group std before dividing.
@@ -150,18 +150,21 @@ def _require_groups(index, batch: int, device: torch.device, estimator: str) -> 
 
 
 def discounted_returns(token_level_rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
-    """Return-to-go ``G_t = r_t + gamma * G_{t+1}``, restarted after every masked step.
+    """Return-to-go ``G_t = r_t + gamma * G_t'``, with ``t'`` the next step inside ``mask``.
 
     token_level_rewards: [B, T]. mask: [B, T] 0/1. Returns [B, T], 0 outside ``mask``.
+    Masked steps inside a response (observation tokens of a multi-turn rollout) are
+    skipped: the return passes through them undiscounted, so a final reward still
+    reaches the turns before them. Rewards on masked steps are ignored.
     """
     rewards = token_level_rewards * mask
     returns = torch.zeros_like(rewards)
     running = rewards.new_zeros(rewards.shape[0])
     for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] + gamma * running
-        returns[:, t] = running
-        running = running * mask[:, t]
-    return returns * mask
+        m = mask[:, t]
+        running = m * (rewards[:, t] + gamma * running) + (1 - m) * running
+        returns[:, t] = running * m
+    return returns
 
 
 # --------------------------------------------------------------------------- estimators
@@ -322,21 +325,22 @@ def compute_remax_advantage(
     values: Tensor | None = None,
     reward_baselines: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """ReMax: return-to-go minus the greedy sample's score.
+    """ReMax: undiscounted return-to-go minus the greedy sample's score.
 
-    token_level_rewards: [B, T]. response_mask: [B, T]. config: uses ``gamma``.
+    token_level_rewards: [B, T]. response_mask: [B, T].
     reward_baselines: [B] score of the greedy (argmax) response to the same prompt.
     valid_mask: [B]. Returns (advantages [B, T], returns [B, T] return-to-go).
+    ``gamma`` is not used: the baseline is an undiscounted sequence score, so the return
+    it is subtracted from is undiscounted too (as in the ReMax paper and verl).
     """
     if reward_baselines is None:
         raise ValueError("advantage estimator 'remax' needs `reward_baselines` [B] (greedy scores)")
-    config = config or AdvantageConfig()
     mask, _ = _prepare(token_level_rewards, response_mask, valid_mask)
     if reward_baselines.shape != (mask.shape[0],):
         raise ValueError(
             f"reward_baselines must have shape [{mask.shape[0]}], found "
             f"{tuple(reward_baselines.shape)}"
         )
-    returns = discounted_returns(token_level_rewards, mask, config.gamma)
+    returns = discounted_returns(token_level_rewards, mask, gamma=1.0)
     adv = returns - reward_baselines.to(returns)[:, None] * mask
     return adv, returns

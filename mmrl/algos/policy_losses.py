@@ -25,6 +25,8 @@ from mmrl.algos.stats import masked_mean
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOG_RATIO_CLAMP = 20.0  # |log ratio| bound before exp: e**20 ~ 4.9e8 stays finite in fp32
+# GSPO's sequence ratio is capped at e**10 (verl's bound); no lower bound: exp underflows to 0.
+GSPO_LOG_RATIO_MAX = 10.0
 
 PolicyLoss = Callable[..., tuple[Tensor, dict[str, float]]]
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
@@ -194,14 +196,15 @@ def compute_policy_loss_gspo(
     valid_mask: [B] bool or None.
     config: ``gspo_clip_ratio_low``, ``gspo_clip_ratio_high``, ``gspo_loss_agg_mode``.
     Token form: ``s_i,t = sg(s_i) * pi_t / sg(pi_t)``, equal to ``s_i`` in value, so each
-    token's gradient is its own score function scaled by the sequence ratio.
+    token's gradient is its own score function scaled by the sequence ratio. ``s_i,t`` is
+    capped at ``e**10`` (as in verl); above the cap the token has no gradient.
     """
     config = config or PolicyLossConfig()
     mask = _token_mask(response_mask, valid_mask)
     log_ratio = log_prob - old_log_prob
     seq_log_ratio = masked_mean(log_ratio, mask, dim=-1)  # [B]
     token_log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach()[:, None]
-    ratio = torch.exp(torch.clamp(token_log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    ratio = torch.exp(torch.clamp(token_log_ratio, max=GSPO_LOG_RATIO_MAX))
     clipped_ratio = torch.clamp(
         ratio, 1 - config.gspo_clip_ratio_low, 1 + config.gspo_clip_ratio_high
     )
@@ -209,7 +212,6 @@ def compute_policy_loss_gspo(
     pg_losses2 = -advantages * clipped_ratio
     pg_losses = torch.maximum(pg_losses1, pg_losses2)
     loss = agg_loss(pg_losses, mask, config.gspo_loss_agg_mode)
-    log_ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return loss, _metrics(pg_losses2 > pg_losses1, log_ratio, mask)
 
 
