@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,40 @@ import pytest
 # Two cores here: more threads only add contention.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# pytest-timeout's signal method fails the hung test by name and goes on, but a signal is
+# handled only between Python bytecodes: a call stuck in C (a Ray or gloo wait) never sees
+# it. This backstop fires a minute later, names the test and ends the run.
+BACKSTOP_GRACE_S = 60.0
+
+
+def _backstop(item: pytest.Item, timeout: float) -> None:
+    capman = item.config.pluginmanager.getplugin("capturemanager")
+    if capman is not None:
+        capman.suspend_global_capture(in_=True)  # else the message goes to the capture file
+    sys.stderr.write(
+        f"\nTIMEOUT: {item.nodeid} hung past its {timeout:.0f} s bound and did not stop\n"
+    )
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def pytest_timeout_set_timer(item, settings):
+    if settings.timeout and settings.timeout > 0:
+        timer = threading.Timer(
+            settings.timeout + BACKSTOP_GRACE_S, _backstop, (item, settings.timeout)
+        )
+        timer.daemon = True
+        timer.start()
+        item._mmrl_backstop = timer
+    # None: pytest-timeout still sets its own timer.
+
+
+def pytest_timeout_cancel_timer(item):
+    timer = getattr(item, "_mmrl_backstop", None)
+    if timer is not None:
+        timer.cancel()
 
 
 def run_overrides(output_dir: Path, *extra: str) -> list[str]:

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -31,7 +32,6 @@ from mmrl.tasks import get_task
 from tests.conftest import run_overrides
 
 pytestmark = pytest.mark.slow
-ray = pytest.importorskip("ray")
 OBJECT_STORE_BYTES = 512 * 2**20
 
 

@@ -11,13 +11,13 @@ import textwrap
 
 import numpy as np
 import pytest
+import ray
 
 from mmrl.config import load_config
 from mmrl.trainer.fit import fit
 from tests.conftest import run_overrides
 
 pytestmark = pytest.mark.slow
-ray = pytest.importorskip("ray")
 
 # A user's verifier file: exact match, plus whether the call ran inside a Ray worker.
 VERIFIER = textwrap.dedent("""

@@ -144,7 +144,6 @@ def test_vision_parquet_trains_and_eval_vlm_prints_accuracy(tmp_path, capsys):
 def test_vision_parquet_through_two_ray_workers(tmp_path):
     """The same run on the Ray hybrid engine: two FSDP workers, each with half of every VLM
     Batch."""
-    pytest.importorskip("ray")
     cfg, _ = parquet_run(
         tmp_path,
         "trainer.total_steps=2",

@@ -307,7 +307,7 @@ def test_grpo_beats_its_pretrained_start_on_held_out(tmp_path):
 
 
 def test_gpu_example_composes_and_its_model_fits_its_settings():
-    """configs/examples/worldmodel_tokens_gpu.yaml, checked without a GPU or any download."""
+    """mmrl/configs/examples/worldmodel_tokens_gpu.yaml, checked without a GPU or any download."""
     from mmrl.config import compose
     from mmrl.tasks.worldmodel_tokens import pretrain_config
     from mmrl.worldmodel.envs import make_env

@@ -10,8 +10,8 @@ from mmrl.config.schema import RunConfig
 
 
 def config_dir() -> Path:
-    """The ``configs/`` folder at the repository root."""
-    return Path(__file__).resolve().parents[2] / "configs"
+    """The ``mmrl/configs/`` folder inside the package, so a wheel ships it."""
+    return Path(__file__).resolve().parents[1] / "configs"
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "train") -> DictConfig:
@@ -26,8 +26,8 @@ def compose(overrides: list[str] | None = None, config_name: str = "train") -> D
 
 
 def load_config(overrides: list[str] | None = None, config_name: str = "train") -> RunConfig:
-    """Compose ``configs/<config_name>.yaml``, validate against :class:`RunConfig`, return the typed
-    config.
+    """Compose ``mmrl/configs/<config_name>.yaml``, validate against :class:`RunConfig`, return
+    the typed config.
     """
     raw = compose(overrides, config_name=config_name)
     OmegaConf.resolve(raw)

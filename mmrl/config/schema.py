@@ -1,6 +1,6 @@
 """Typed run configuration.
 
-Hydra composes YAML from ``configs/``; :func:`mmrl.config.load_config` validates
+Hydra composes YAML from ``mmrl/configs/``; :func:`mmrl.config.load_config` validates
 it once against these dataclasses (unknown keys and wrong types are errors) and
 the rest of the code only sees typed objects.
 """

@@ -4,7 +4,7 @@ The starting model comes from ``mmrl pretrain-worldmodel`` (data, VQ tokenizer, 
 pretraining), run by :meth:`WorldModelTokensTask.initial_model` and cached by its
 config. Prompts are held-out-disjoint windows of the generated trajectories; the
 reward is computed by verifiers on the decoded frames (``reward.verifiers``, see
-``configs/task/worldmodel_tokens.yaml``). After RL, :meth:`on_fit_end` evaluates the
+``mmrl/configs/task/worldmodel_tokens.yaml``). After RL, :meth:`on_fit_end` evaluates the
 pretrained start and the RL-tuned model on held-out windows with greedy and sampled
 decoding and writes the report.
 """
@@ -43,7 +43,7 @@ class HeldOutEval:
 @dataclass
 class WorldModelTokensConfig:
     name: str = "worldmodel_tokens"
-    # Overrides of configs/worldmodel/pretrain.yaml (nested), e.g. {train: {steps: 800}}.
+    # Overrides of mmrl/configs/worldmodel/pretrain.yaml (nested), e.g. {train: {steps: 800}}.
     pretrain: dict[str, Any] = field(default_factory=dict)
     cache_dir: str = "outputs/worldmodel/cache"  # pretraining runs land in <cache_dir>/<env>-<hash>
     train_windows: int | None = None  # RL prompts drawn from the training trajectories; None: all
@@ -172,7 +172,7 @@ class WorldModelTokensTask(Task):
 
 
 def pretrain_config(overrides: dict[str, Any], cache_dir: str) -> PretrainConfig:
-    """``configs/worldmodel/pretrain.yaml`` with ``overrides``; without an explicit
+    """``mmrl/configs/worldmodel/pretrain.yaml`` with ``overrides``; without an explicit
     ``output_dir`` it goes to ``<cache_dir>/<env>-<hash of the settings>``."""
     from mmrl.config import compose
     from mmrl.worldmodel.pretrain import PretrainConfig

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     p_train.add_argument(
         "--config-name",
         default="train",
-        help="a config under configs/, e.g. examples/worldmodel_tokens_gpu",
+        help="a config under mmrl/configs/, e.g. examples/worldmodel_tokens_gpu",
     )
     p_wm = sub.add_parser(
         "pretrain-worldmodel",

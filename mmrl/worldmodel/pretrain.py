@@ -85,7 +85,7 @@ class PretrainConfig:
 
 
 def load_pretrain_config(overrides: list[str] | None = None) -> PretrainConfig:
-    """Compose ``configs/worldmodel/pretrain.yaml`` with overrides and validate it."""
+    """Compose ``mmrl/configs/worldmodel/pretrain.yaml`` with overrides and validate it."""
     from mmrl.config import compose
 
     raw = compose(overrides, config_name="worldmodel/pretrain")
