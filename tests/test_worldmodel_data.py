@@ -106,7 +106,7 @@ def test_mp4_missing_sidecar_and_mixed_resolution(tmp_path):
     np.save(tmp_path / "a.npy", np.zeros(5, np.float32))
     write_mp4(tmp_path / "b.mp4", moving_square(6, size=32), fps=5)
     np.save(tmp_path / "b.npy", np.zeros(5, np.float32))
-    with pytest.raises(ValueError, match=r"resolution.*b\.mp4"):
+    with pytest.raises(ValueError, match=r"b\.mp4: resolution .*data\.resize"):
         VideoDataset(tmp_path)
 
 

@@ -5,12 +5,8 @@ import pytest
 import torch
 
 from mmrl.worldmodel.data import TrajectoryDataset, generate_dataset
-from mmrl.worldmodel.pretrain import (
-    IGNORE,
-    encode_sequences,
-    load_pretrain_config,
-    plateaued,
-)
+from mmrl.worldmodel.pretrain import load_pretrain_config, plateaued
+from mmrl.worldmodel.pretrain_data import IGNORE, encode_sequences
 from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
 from mmrl.worldmodel.tokenizer import VQConfig, VQTokenizer, build_vq_model
 from mmrl.worldmodel.vocab import VocabLayout

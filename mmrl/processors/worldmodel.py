@@ -127,15 +127,15 @@ class WorldModelPromptProcessor:
 
     def encode_windows(self, windows: FrameWindows) -> torch.Tensor:
         """Prompt ids ``int64 [N, prompt_length]`` (every prompt has the same length)."""
-        k, size = self.tokens.context, self.tokenizer.frame_size
+        k, (h, w) = self.tokens.context, self.tokenizer.frame_shape
         frames = windows.context
-        if frames.ndim != 5 or frames.shape[1] != k or frames.shape[2:] != (size, size, 3):
+        if frames.ndim != 5 or frames.shape[1] != k or frames.shape[2:] != (h, w, 3):
             raise ValueError(
-                f"context frames must be uint8 [N, {k}, {size}, {size}, 3] for this model, found "
+                f"context frames must be uint8 [N, {k}, {h}, {w}, 3] for this model, found "
                 f"{list(frames.shape)} (from "
                 f"{windows.sources[0] if len(windows) else 'no windows'})"
             )
-        codes = self.tokenizer.encode(frames.reshape(-1, size, size, 3)).reshape(
+        codes = self.tokenizer.encode(frames.reshape(-1, h, w, 3)).reshape(
             len(frames), k, *self.tokenizer.grid
         )
         return torch.tensor(

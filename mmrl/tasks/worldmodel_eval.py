@@ -252,7 +252,7 @@ def reference_rows(
 ) -> dict[str, dict[str, float]]:
     """Two references in token space: copying the last context frame (the trivial world
     model) and the true future's own tokens (the tokenizer's ceiling), both decoded."""
-    size = tokenizer.frame_size
+    shape = tokenizer.frame_shape
     last = np.repeat(windows.context[:, -1:], future, axis=1)
     ok = np.ones(len(windows), bool)
     rows = {}
@@ -260,7 +260,7 @@ def reference_rows(
         ("copy last context frame", last),
         ("tokenizer ceiling (true tokens)", windows.future),
     ):
-        flat = tokenizer.decode(tokenizer.encode(frames.reshape(-1, size, size, 3))).reshape(
+        flat = tokenizer.decode(tokenizer.encode(frames.reshape(-1, *shape, 3))).reshape(
             frames.shape
         )
         rows[name] = {
@@ -270,20 +270,20 @@ def reference_rows(
 
 
 def open_trajectories(path: str | Path, num_actions: int | None = None):
-    """A ``TrajectoryDataset`` (folder with ``index.json``) or a ``VideoDataset`` (folder of
-    ``*.mp4`` with sidecar actions); a clear error for anything else."""
+    """A ``TrajectoryDataset`` (folder with ``index.json``) or a ``VideoDataset`` (a folder of
+    videos with sidecar actions, or one video file); a clear error for anything else."""
     from mmrl.worldmodel.data import INDEX_FILE, TrajectoryDataset
-    from mmrl.worldmodel.video import VideoDataset
+    from mmrl.worldmodel.video import VIDEO_SUFFIXES, VideoDataset, holds_videos
 
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data {path} does not exist")
     if (path / INDEX_FILE).exists():
         return TrajectoryDataset(path)
-    if path.is_dir() and any(path.glob("*.mp4")) or path.suffix == ".mp4":
+    if holds_videos(path) or path.suffix.lower() in VIDEO_SUFFIXES:
         return VideoDataset(path if path.is_dir() else [path], num_actions=num_actions)
     raise ValueError(
-        f"{path} is neither a trajectory dataset (no {INDEX_FILE}) nor a folder of .mp4 files with "
+        f"{path} is neither a trajectory dataset (no {INDEX_FILE}) nor a folder of videos with "
         "sidecar actions (.npy/.csv); see docs/worldmodel.md"
     )
 
@@ -293,11 +293,11 @@ def check_source_fits(
 ) -> None:
     """Raise unless the data's frame size and actions are what the checkpoint was trained on."""
     info, want = source.info, processor.layout.action
-    size = tokenizer.frame_size
-    if (info.height, info.width) != (size, size):
+    h, w = tokenizer.frame_shape
+    if (info.height, info.width) != (h, w):
         raise ValueError(
             f"{where}: frames are {info.height}x{info.width}, the model's tokenizer takes "
-            f"{size}x{size}"
+            f"{h}x{w}; resize the data or pretrain a model at this resolution"
         )
     if (info.action.kind, info.action.dim) != (
         want.kind,
@@ -307,6 +307,13 @@ def check_source_fits(
             f"{where}: actions are {info.action.kind} (dim {info.action.dim}, num_actions "
             f"{info.action.num_actions}); the model takes {want.kind} (dim {want.dim}, num_actions "
             f"{want.num_actions}). For discrete ids in an mp4 sidecar pass --num-actions"
+        )
+    got = info.action
+    if want.kind == "continuous" and (got.low < want.low - 1e-6 or got.high > want.high + 1e-6):
+        raise ValueError(
+            f"{where}: actions span [{got.low:g}, {got.high:g}], outside the range "
+            f"[{want.low:g}, {want.high:g}] the model was trained on (they would be clipped); "
+            "rescale them or pretrain on data that covers this range"
         )
 
 

@@ -93,11 +93,28 @@ class WorldModelTokensTask(Task):
         from mmrl.worldmodel.data import TrajectoryDataset
         from mmrl.worldmodel.pretrain import prepare_data
 
-        train_dir, val_dir = prepare_data(self.pretrain_cfg)
+        train_dir, val_dir, test_dir = prepare_data(self.pretrain_cfg)
         k, f = self.pretrain_cfg.data.context, self.pretrain_cfg.data.future
         train = load_windows(TrajectoryDataset(train_dir), k, f, self.cfg.train_windows, seed)
         val = load_windows(TrajectoryDataset(val_dir), k, f, self.cfg.val_windows, seed=0)
-        return TaskData(train=train, val=val)
+        test = None
+        if test_dir is not None:
+            test = load_windows(TrajectoryDataset(test_dir), k, f, self.cfg.eval.windows, seed=0)
+        return TaskData(train=train, val=val, test=test)
+
+    @staticmethod
+    def _check_verifiers_need_no_env(reward: Any) -> None:
+        """Recorded video has no renderer to read states from: refuse state-match rewards."""
+        names = [
+            v.get("alias") or v.get("name")
+            for v in reward.verifiers
+            if v.get("name") == "state_match" or v.get("kwargs", {}).get("task") == "state_match"
+        ]
+        if names:
+            raise ValueError(
+                f"reward.verifiers has {names}, which reads states from a known environment's "
+                "frames; recorded videos have none: use task=worldmodel_videos or remove them"
+            )
 
     def build_prompt_processor(self, model_path: Path, cfg: RunConfig) -> WorldModelPromptProcessor:
         from mmrl.processors.worldmodel import WorldModelPromptProcessor
@@ -112,6 +129,8 @@ class WorldModelTokensTask(Task):
                 f"reward.overlong_reward={cfg.reward.overlong_reward!r} would zero every reward; "
                 "set it to 'keep'"
             )
+        if self.pretrain_cfg.data.videos:
+            self._check_verifiers_need_no_env(cfg.reward)
         model_path = Path(model_path)
         tokens = TokenWorldModelProcessor.from_json(
             json.loads((model_path / PROCESSOR_FILE).read_text())
@@ -137,8 +156,9 @@ class WorldModelTokensTask(Task):
         from mmrl.tasks.worldmodel_eval import compare_base_and_rl
 
         complete_checkpoint(Path(base_dir), Path(actor_dir))
-        val = self.build_data(cfg.trainer.seed).val
-        held_out = self._held_out(val)
+        data = self.build_data(cfg.trainer.seed)
+        # Final claims come from the test split when there is one (videos), never seen before.
+        held_out = data.test if data.test is not None else self._held_out(data.val)
         result = compare_base_and_rl(
             Path(base_dir),
             Path(actor_dir),
@@ -166,7 +186,7 @@ class WorldModelTokensTask(Task):
 
         if self.cfg.eval.windows == len(val):
             return val
-        _, val_dir = prepare_data(self.pretrain_cfg)
+        _, val_dir, _ = prepare_data(self.pretrain_cfg)
         k, f = self.pretrain_cfg.data.context, self.pretrain_cfg.data.future
         return load_windows(TrajectoryDataset(val_dir), k, f, self.cfg.eval.windows, seed=0)
 
@@ -191,7 +211,8 @@ def pretrain_config(overrides: dict[str, Any], cache_dir: str) -> PretrainConfig
         digest = hashlib.sha256(
             json.dumps(settings, sort_keys=True, default=str).encode()
         ).hexdigest()[:10]
-        raw.output_dir = f"{cache_dir}/{raw.data.env}-{digest}"
+        name = "videos" if raw.data.get("videos") else raw.data.env
+        raw.output_dir = f"{cache_dir}/{name}-{digest}"
     OmegaConf.resolve(raw)
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PretrainConfig), raw))
 

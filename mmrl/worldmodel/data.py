@@ -6,7 +6,9 @@ On-disk format (a folder; see docs/worldmodel.md):
   ``height``, ``width``, ``action`` (an :class:`ActionSpec`), ``length`` (frames per
   trajectory), ``n_trajectories``, ``seed``, ``seeds`` (one env seed per trajectory)
   and ``chunks`` (``[{"file", "count"}]`` in trajectory order). Written last, so a
-  folder with an index is complete.
+  folder with an index is complete. Data imported from videos (``env`` null) also
+  has ``lengths`` (frames of each trajectory, which may differ; one trajectory per
+  chunk then) and ``videos`` (the source files with their sizes and mtimes).
 - ``chunk_XXXXX.safetensors``: ``frames uint8 [N, T, H, W, 3]``,
   ``actions float32 [N, T-1, A]`` and ``seeds int64 [N]``. ``actions[t]`` is the
   action taken between frame ``t`` and frame ``t+1``.
@@ -15,7 +17,7 @@ On-disk format (a folder; see docs/worldmodel.md):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -102,21 +104,38 @@ def generate_dataset(
     }
     if (out / INDEX_FILE).exists():
         return _reuse(out, index)
-    out.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=n_trajectories, desc=f"generate {env.name} data", disable=not progress)
-    for start in range(0, n_trajectories, chunk_size):
-        chunk_seeds = seeds[start : start + chunk_size]
-        frames, actions = zip(*(rollout(env, int(s), length) for s in chunk_seeds), strict=True)
+
+    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        for start in range(0, n_trajectories, chunk_size):
+            chunk_seeds = seeds[start : start + chunk_size]
+            frames, actions = zip(*(rollout(env, int(s), length) for s in chunk_seeds), strict=True)
+            yield np.stack(frames), np.stack(actions), chunk_seeds.astype(np.int64)
+            bar.update(len(chunk_seeds))
+
+    write_trajectories(out, index, chunks())
+    bar.close()
+    return out
+
+
+def write_trajectories(
+    out: Path, index: dict[str, Any], chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]
+) -> Path:
+    """Write ``(frames [N, T, H, W, 3], actions [N, T-1, A], seeds [N])`` chunks, then the index.
+
+    The index goes last, so a reader never sees a half-written dataset as complete.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    index = {**index, "chunks": []}
+    for frames, actions, seeds in chunks:
         name = f"chunk_{len(index['chunks']):05d}.safetensors"
         tensors = {
-            "frames": torch.from_numpy(np.stack(frames)),
-            "actions": torch.from_numpy(np.stack(actions)),
-            "seeds": torch.from_numpy(chunk_seeds.astype(np.int64)),
+            "frames": torch.from_numpy(np.ascontiguousarray(frames)),
+            "actions": torch.from_numpy(np.ascontiguousarray(actions, dtype=np.float32)),
+            "seeds": torch.from_numpy(np.asarray(seeds, dtype=np.int64)),
         }
         save_file(tensors, str(out / name))
-        index["chunks"].append({"file": name, "count": len(chunk_seeds)})
-        bar.update(len(chunk_seeds))
-    bar.close()
+        index["chunks"].append({"file": name, "count": len(frames)})
     (out / INDEX_FILE).write_text(json.dumps(index, indent=1))
     return out
 
@@ -170,7 +189,13 @@ class TrajectoryDataset:
         return int(self._starts[-1])
 
     def num_frames(self, i: int) -> int:
-        return int(self.index["length"])
+        lengths = self.index.get("lengths")
+        return int(lengths[i] if lengths else self.index["length"])
+
+    def frames(self) -> Iterator[np.ndarray]:
+        """Each trajectory's ``frames uint8 [T, H, W, 3]`` in order (lengths may differ)."""
+        for c in range(len(self._starts) - 1):
+            yield from self._chunk(c)["frames"].numpy()
 
     def trajectory(self, i: int) -> Trajectory:
         if not 0 <= i < len(self):
@@ -184,16 +209,26 @@ class TrajectoryDataset:
         )
 
     def all_frames(self) -> np.ndarray:
-        """Every frame, ``uint8 [N, T, H, W, 3]`` (loads the whole dataset)."""
+        """Every frame, ``uint8 [N, T, H, W, 3]`` (loads the whole dataset; one length only)."""
+        self._check_one_length()
         return np.concatenate(
             [self._chunk(c)["frames"].numpy() for c in range(len(self._starts) - 1)]
         )
 
     def all_actions(self) -> np.ndarray:
-        """Every action, ``float32 [N, T-1, A]``."""
+        """Every action, ``float32 [N, T-1, A]`` (one length only)."""
+        self._check_one_length()
         return np.concatenate(
             [self._chunk(c)["actions"].numpy() for c in range(len(self._starts) - 1)]
         )
+
+    def _check_one_length(self) -> None:
+        lengths = set(self.index.get("lengths") or [self.index["length"]])
+        if len(lengths) > 1:
+            raise ValueError(
+                f"{self.path}: trajectories have {min(lengths)} to {max(lengths)} frames; "
+                "read them one at a time with trajectory(i) or frames()"
+            )
 
     def _chunk(self, c: int) -> dict[str, torch.Tensor]:
         if self._cache is None or self._cache[0] != c:

@@ -40,9 +40,8 @@ def psnr(pred: np.ndarray, target: np.ndarray) -> float:
 
 
 def load_frames(dataset_dir: str | Path) -> np.ndarray:
-    """All frames of a trajectory dataset, flattened to ``uint8 [N*T, H, W, 3]``."""
-    frames = TrajectoryDataset(dataset_dir).all_frames()
-    return frames.reshape(-1, *frames.shape[2:])
+    """All frames of a trajectory dataset, flattened to ``uint8 [sum T, H, W, 3]``."""
+    return np.concatenate(list(TrajectoryDataset(dataset_dir).frames()))
 
 
 def cache_key(dataset_dir: str | Path, **settings: Any) -> str:

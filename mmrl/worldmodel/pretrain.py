@@ -1,6 +1,9 @@
 """``mmrl pretrain-worldmodel``: data, tokenizer, then MLE pretraining of the token world model.
 
-Outputs in ``output_dir``: ``data/{train,val}`` (trajectory datasets), ``tokenizer/``
+Data is generated from a registered environment (``data.env``), or imported from a
+folder of recorded videos (``data.videos``; see :mod:`mmrl.worldmodel.video_import`).
+
+Outputs in ``output_dir``: ``data/{train,val[,test]}`` (trajectory datasets), ``tokenizer/``
 (VQ tokenizer), ``token_wm/best`` and ``token_wm/last`` (checkpoints, loadable with
 :func:`~mmrl.worldmodel.token_lm.load_token_world_model`), ``pretrain_metrics.jsonl``
 (one line per validation) and ``pretrain_summary.json``.
@@ -23,9 +26,10 @@ from transformers import PreTrainedModel
 
 from mmrl.utils.seed import set_seed
 from mmrl.utils.timing import peak_rss_gib
-from mmrl.worldmodel.data import TrajectoryDataset, generate_dataset
+from mmrl.worldmodel.data import TrajectoryDataset
 from mmrl.worldmodel.envs import make_env, states_equal
 from mmrl.worldmodel.frames import psnr
+from mmrl.worldmodel.pretrain_data import DataSection, encode_sequences, prepare_data
 from mmrl.worldmodel.token_lm import (
     TokenLMConfig,
     TokenWorldModelProcessor,
@@ -36,19 +40,6 @@ from mmrl.worldmodel.tokenizer import AETrainConfig, VQConfig, VQTokenizer, trai
 from mmrl.worldmodel.vocab import VocabLayout
 
 logger = logging.getLogger(__name__)
-IGNORE = -100
-
-
-@dataclass
-class DataSection:
-    env: str = "grid"
-    env_config: dict[str, Any] = field(default_factory=dict)
-    dir: str = "outputs/worldmodel/grid/data"
-    train_trajectories: int = 256
-    val_trajectories: int = 32
-    length: int = 16
-    context: int = 2
-    future: int = 1
 
 
 @dataclass
@@ -85,10 +76,17 @@ class PretrainConfig:
 
 
 def load_pretrain_config(overrides: list[str] | None = None) -> PretrainConfig:
-    """Compose ``mmrl/configs/worldmodel/pretrain.yaml`` with overrides and validate it."""
+    """Compose ``mmrl/configs/worldmodel/pretrain.yaml`` with overrides and validate it.
+
+    With ``data.videos`` and no ``output_dir`` given, the run goes to
+    ``outputs/worldmodel/videos-<folder name>`` (not the environment's folder).
+    """
     from mmrl.config import compose
 
+    overrides = list(overrides or [])
     raw = compose(overrides, config_name="worldmodel/pretrain")
+    if raw.data.get("videos") and not any(o.startswith("output_dir=") for o in overrides):
+        raw.output_dir = f"outputs/worldmodel/videos-{Path(str(raw.data.videos)).name}"
     OmegaConf.resolve(raw)
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PretrainConfig), raw))
 
@@ -101,54 +99,6 @@ class PretrainResult:
     steps_run: int
     best_val_loss: float
     summary: dict[str, Any]
-
-
-def prepare_data(cfg: PretrainConfig) -> tuple[Path, Path]:
-    """Generate the train and held-out datasets unless they exist (seeds ``seed`` and
-    ``seed+1``)."""
-    env = make_env(cfg.data.env, **cfg.data.env_config)
-    root, d = Path(cfg.data.dir), cfg.data
-    train = generate_dataset(
-        env, d.train_trajectories, d.length, root / "train", cfg.seed, progress=cfg.progress_bar
-    )
-    val = generate_dataset(
-        env, d.val_trajectories, d.length, root / "val", cfg.seed + 1, progress=cfg.progress_bar
-    )
-    overlap = set(TrajectoryDataset(train).index["seeds"]) & set(
-        TrajectoryDataset(val).index["seeds"]
-    )
-    if overlap:
-        raise ValueError(
-            f"held-out trajectories share env seeds with training: {sorted(overlap)[:5]}"
-        )
-    return train, val
-
-
-def encode_sequences(
-    dataset_dir: Path, tokenizer: VQTokenizer, processor: TokenWorldModelProcessor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every window of a dataset as ``input_ids [M, L]`` and ``labels [M, L]`` (all windows have
-    length L).
-
-    Labels are the response and the visual ids of context frames after the first;
-    everything else is -100.
-    """
-    data = TrajectoryDataset(dataset_dir)
-    frames = data.all_frames()
-    n, t = frames.shape[:2]
-    codes = tokenizer.encode(frames.reshape(-1, *frames.shape[2:])).reshape(n, t, *tokenizer.grid)
-    actions = data.all_actions()
-    k, f = processor.context, processor.future
-    rows, labels = [], []
-    for i in range(n):
-        for s in range(t - k - f + 1):
-            prompt = processor.build_prompt(codes[i, s : s + k], actions[i, s : s + k + f - 1])
-            response = processor.build_response(codes[i, s + k : s + k + f])
-            ids = np.array(prompt + response)
-            learn = np.concatenate([processor.label_mask(prompt), np.ones(len(response), bool)])
-            rows.append(ids)
-            labels.append(np.where(learn, ids, IGNORE))
-    return torch.from_numpy(np.stack(rows)), torch.from_numpy(np.stack(labels))
 
 
 @torch.no_grad()
@@ -196,8 +146,8 @@ def pretrain_token_world_model(cfg: PretrainConfig) -> PretrainResult:
     start = time.perf_counter()
     set_seed(cfg.seed)
     out = Path(cfg.output_dir)
+    train_dir, val_dir, _ = prepare_data(cfg)  # the test split stays unseen until the end
     out.mkdir(parents=True, exist_ok=True)
-    train_dir, val_dir = prepare_data(cfg)
     tok = train_vq_tokenizer(
         train_dir,
         cfg.tokenizer.dir,
@@ -341,11 +291,14 @@ def evaluate_greedy(
     last = np.stack([np.repeat(w.context[-1:], processor.future, axis=0) for w in items])
     copied = tok.decode(tok.encode(last.reshape(shape)))
     ceiling = tok.decode(tok.encode(truth))
-    env = make_env(data.info.env, **data.index["env_config"])
+    env = make_env(data.info.env, **data.index["env_config"]) if data.info.env else None
     scores: dict[str, float] = {"val/valid_fraction": float(valid.mean())}
     for name, pred in (("greedy", frames.reshape(shape)), ("copy_last_frame", copied),
                        ("tokenizer_ceiling", ceiling)):  # fmt: skip
         scores[f"val/psnr_{name}"] = psnr(pred, truth)
+        if env is None:  # recorded video: no renderer to read a state from
+            scores[f"val/state_match_{name}"] = float("nan")
+            continue
         matches = [
             states_equal(env.state_from_frame(p), env.state_from_frame(t))
             for p, t in zip(pred, truth, strict=True)

@@ -154,12 +154,12 @@ class TokenWorldModelProcessor:
         """
         self.check_tokenizer(tokenizer)
         decoded = [self.decode_response(r) for r in responses]
-        size = tokenizer.frame_size
-        frames = np.zeros((len(decoded), self.future, size, size, 3), dtype=np.uint8)
+        shape = tokenizer.frame_shape
+        frames = np.zeros((len(decoded), self.future, *shape, 3), dtype=np.uint8)
         valid = np.array([d.valid for d in decoded], dtype=bool)
         if valid.any():
             codes = np.concatenate([d.codes for d in decoded if d.valid])
-            frames[valid] = tokenizer.decode(codes).reshape(-1, self.future, size, size, 3)
+            frames[valid] = tokenizer.decode(codes).reshape(-1, self.future, *shape, 3)
         return frames, valid, [d.reason for d in decoded]
 
     def check_tokenizer(self, tokenizer: VQTokenizer) -> None:

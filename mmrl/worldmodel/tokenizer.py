@@ -1,16 +1,19 @@
 """The video tokenizer: a tiny diffusers ``VQModel`` that maps each frame to a token grid.
 
 Frames of ``H x W`` become ``h x w`` ids in ``[0, codebook_size)`` with
-``h = H / 2**(len(block_out_channels) - 1)``; 32x32 frames with three blocks give
-8x8 = 64 tokens per frame. It is trained here on environment frames
-(:func:`train_vq_tokenizer`), saved with ``save_pretrained`` and loaded by path.
+``h = H / 2**(len(block_out_channels) - 1)`` (likewise ``w``; frames need not be
+square). Without explicit ``block_out_channels`` the tokenizer downsamples by the
+smallest power of two >= 4 that keeps ``h * w <= max_tokens_per_frame``: 32x32 frames
+give 8x8 = 64 tokens (4x), 48x64 frames 6x8 = 48 (8x). It is trained here on a
+trajectory dataset's frames (:func:`train_vq_tokenizer`), saved with
+``save_pretrained`` and loaded by path.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +33,27 @@ class VQConfig:
     codebook_size: int = 128
     embed_dim: int = 16
     latent_channels: int = 16
-    block_out_channels: list[int] = field(default_factory=lambda: [16, 32, 32])
+    block_out_channels: list[int] | None = None  # None: 16, 32, 32, ... chosen by frame size
+    max_tokens_per_frame: int = 64  # bounds the automatic choice of block_out_channels
     layers_per_block: int = 1
     norm_num_groups: int = 8
+
+
+def auto_channels(shape: tuple[int, int], max_tokens: int) -> list[int]:
+    """``[16, 32, ...]`` with the fewest blocks (at least 3: 4x) that give at most
+    ``max_tokens`` tokens per frame of ``shape``; a clear error when none divides it."""
+    height, width = shape
+    for blocks in range(3, 8):
+        factor = 2 ** (blocks - 1)
+        if height % factor or width % factor:
+            break
+        if (height // factor) * (width // factor) <= max_tokens:
+            return [16] + [32] * (blocks - 1)
+    raise ValueError(
+        f"{height}x{width} frames have no downsampling by a power of two (4x or more) that "
+        f"divides them and gives <= {max_tokens} tokens per frame; set data.resize or "
+        "data.crop to a size divisible by 8 (e.g. 48x64), or tokenizer.model.block_out_channels"
+    )
 
 
 @dataclass
@@ -47,21 +68,30 @@ class AETrainConfig:
     rare_colour_weight: float = 10.0  # max loss weight of rare colours (small objects)
 
 
-def build_vq_model(cfg: VQConfig, frame_size: int) -> VQModel:
-    n = len(cfg.block_out_channels)
+def build_vq_model(cfg: VQConfig, shape: int | tuple[int, int]) -> VQModel:
+    """A VQ model for ``shape = (H, W)`` frames (an int: square); ``sample_size`` records it."""
+    shape = (shape, shape) if isinstance(shape, int) else (int(shape[0]), int(shape[1]))
+    channels = cfg.block_out_channels or auto_channels(shape, cfg.max_tokens_per_frame)
+    n = len(channels)
+    factor = 2 ** (n - 1)
+    if shape[0] % factor or shape[1] % factor:
+        raise ValueError(
+            f"{shape[0]}x{shape[1]} frames are not divisible by the tokenizer's {factor}x "
+            "downsampling; set data.resize/data.crop or other tokenizer.model.block_out_channels"
+        )
     return VQModel(
         in_channels=3,
         out_channels=3,
         down_block_types=("DownEncoderBlock2D",) * n,
         up_block_types=("UpDecoderBlock2D",) * n,
-        block_out_channels=tuple(cfg.block_out_channels),
+        block_out_channels=tuple(channels),
         layers_per_block=cfg.layers_per_block,
         latent_channels=cfg.latent_channels,
         vq_embed_dim=cfg.embed_dim,
         num_vq_embeddings=cfg.codebook_size,
         norm_num_groups=cfg.norm_num_groups,
         mid_block_add_attention=False,
-        sample_size=frame_size,
+        sample_size=shape[0] if shape[0] == shape[1] else list(shape),
     )
 
 
@@ -72,9 +102,10 @@ class VQTokenizer:
         self.model = model.eval()
         cfg = model.config
         self.codebook_size = int(cfg.num_vq_embeddings)
-        self.frame_size = int(cfg.sample_size)
+        size = cfg.sample_size
+        self.frame_shape = (int(size), int(size)) if isinstance(size, int) else tuple(size)
         factor = 2 ** (len(cfg.block_out_channels) - 1)
-        self.grid = (self.frame_size // factor, self.frame_size // factor)
+        self.grid = (self.frame_shape[0] // factor, self.frame_shape[1] // factor)
         self.tokens_per_frame = self.grid[0] * self.grid[1]
 
     @classmethod
@@ -108,11 +139,7 @@ class VQTokenizer:
             shape = (len(ids[s]), *self.grid, self.model.config.vq_embed_dim)
             z = self.model.quantize.get_codebook_entry(ids[s].reshape(-1), shape)
             out.append(F.to_frames(self.model.decode(z, force_not_quantize=True).sample))
-        return (
-            np.concatenate(out)
-            if out
-            else np.zeros((0, self.frame_size, self.frame_size, 3), np.uint8)
-        )
+        return np.concatenate(out) if out else np.zeros((0, *self.frame_shape, 3), np.uint8)
 
     def _indices(
         self, x: torch.Tensor
@@ -123,7 +150,7 @@ class VQTokenizer:
         return h, idx.reshape(len(x), *self.grid), z_q, vq_loss
 
     def _check_frames(self, frames: np.ndarray) -> None:
-        want = (self.frame_size, self.frame_size, 3)
+        want = (*self.frame_shape, 3)
         if frames.ndim != 4 or frames.shape[1:] != want or frames.dtype != np.uint8:
             raise ValueError(
                 f"tokenizer expects frames uint8 [N, {want[0]}, {want[1]}, 3], "
@@ -155,7 +182,7 @@ def train_vq_tokenizer(
         return VQTokenizer.from_pretrained(out_dir)
     frames = F.load_frames(dataset_dir)
     torch.manual_seed(train.seed)
-    tok = VQTokenizer(build_vq_model(cfg, frames.shape[1]))
+    tok = VQTokenizer(build_vq_model(cfg, frames.shape[1:3]))
     start = time.perf_counter()
     losses = _fit(tok, frames, train, progress)
     tok.model.eval()

@@ -1,0 +1,122 @@
+"""Pretraining data: the train/val/test trajectory datasets and their token sequences.
+
+``data.env`` generates trajectories from a registered environment; ``data.videos``
+imports a folder of recorded videos (:mod:`mmrl.worldmodel.video_import`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from mmrl.worldmodel.data import TrajectoryDataset, generate_dataset
+from mmrl.worldmodel.envs import make_env
+from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
+from mmrl.worldmodel.tokenizer import VQTokenizer
+from mmrl.worldmodel.video import VideoOptions
+from mmrl.worldmodel.video_import import VideoSplit, check_not_video_folder, import_videos
+
+if TYPE_CHECKING:
+    from mmrl.worldmodel.pretrain import PretrainConfig
+
+IGNORE = -100
+
+
+@dataclass
+class DataSection:
+    env: str = "grid"
+    env_config: dict[str, Any] = field(default_factory=dict)
+    dir: str = "outputs/worldmodel/grid/data"
+    train_trajectories: int = 256
+    val_trajectories: int = 32
+    length: int = 16
+    context: int = 2
+    future: int = 1
+    # Recorded videos instead of an environment (see VideoSplit and VideoOptions).
+    videos: str | None = None
+    val_videos: str | None = None
+    test_videos: str | None = None
+    val_fraction: float = 0.15
+    test_fraction: float = 0.15
+    sidecar: str | None = None
+    num_actions: int | None = None
+    fps: float | None = None
+    frame_skip: int = 1
+    crop: list[int] | None = None
+    resize: list[int] | None = None
+
+    def video_split(self, seed: int) -> VideoSplit:
+        return VideoSplit(
+            str(self.videos), self.val_videos, self.test_videos, self.val_fraction,
+            self.test_fraction, seed,
+        )  # fmt: skip
+
+    def video_options(self) -> VideoOptions:
+        return VideoOptions(
+            self.sidecar, self.num_actions, self.fps, self.frame_skip, self.crop, self.resize
+        )
+
+
+def prepare_data(cfg: PretrainConfig) -> tuple[Path, Path, Path | None]:
+    """The train, held-out (val) and test trajectory datasets under ``data.dir``.
+
+    From ``data.videos``: the videos imported and split by episode (test always present).
+    From ``data.env``: generated unless they exist (seeds ``seed`` and ``seed+1``; no test).
+    Checks come first, so bad input writes nothing.
+    """
+    d, root = cfg.data, Path(cfg.data.dir)
+    videos = (d.videos, d.val_videos, d.test_videos)
+    for key, folder in (("data.dir", root), ("output_dir", cfg.output_dir)):
+        check_not_video_folder(folder, key, videos)
+    if d.videos:
+        splits = import_videos(d.video_split(cfg.seed), d.video_options(), root, cfg.progress_bar)
+        return splits["train"], splits["val"], splits["test"]
+    env = make_env(d.env, **d.env_config)
+    train = generate_dataset(
+        env, d.train_trajectories, d.length, root / "train", cfg.seed, progress=cfg.progress_bar
+    )
+    val = generate_dataset(
+        env, d.val_trajectories, d.length, root / "val", cfg.seed + 1, progress=cfg.progress_bar
+    )
+    overlap = set(TrajectoryDataset(train).index["seeds"]) & set(
+        TrajectoryDataset(val).index["seeds"]
+    )
+    if overlap:
+        raise ValueError(
+            f"held-out trajectories share env seeds with training: {sorted(overlap)[:5]}"
+        )
+    return train, val, None
+
+
+def encode_sequences(
+    dataset_dir: Path, tokenizer: VQTokenizer, processor: TokenWorldModelProcessor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every window of a dataset as ``input_ids [M, L]`` and ``labels [M, L]`` (all windows have
+    length L).
+
+    Labels are the response and the visual ids of context frames after the first;
+    everything else is -100.
+    """
+    data = TrajectoryDataset(dataset_dir)
+    k, f = processor.context, processor.future
+    rows, labels = [], []
+    for i in range(len(data)):
+        traj = data.trajectory(i)
+        codes = tokenizer.encode(traj.frames)
+        for s in range(len(codes) - k - f + 1):
+            prompt = processor.build_prompt(codes[s : s + k], traj.actions[s : s + k + f - 1])
+            response = processor.build_response(codes[s + k : s + k + f])
+            ids = np.array(prompt + response)
+            learn = np.concatenate([processor.label_mask(prompt), np.ones(len(response), bool)])
+            rows.append(ids)
+            labels.append(np.where(learn, ids, IGNORE))
+    if not rows:
+        raise ValueError(
+            f"{dataset_dir}: no trajectory has the {k + f} frames a window of {k} context + "
+            f"{f} future frames needs; use longer videos or a smaller data.context/future"
+        )
+    return torch.from_numpy(np.stack(rows)), torch.from_numpy(np.stack(labels))
