@@ -193,6 +193,14 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda
     mixed_precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     dist_timeout_s: float = 90.0  # a collective waiting longer than this fails (e.g. a dead rank)
+    # Samples the verifiers could not score (docs/verifiers.md). A step with none valid skips
+    # its update. reward/invalid_rate above max_invalid_rate for invalid_rate_patience steps in
+    # a row stops the run with a checkpoint; null never stops.
+    max_invalid_rate: float | None = 0.99
+    invalid_rate_patience: int = 10
+    # Leave groups whose valid samples all scored the same out of the update (verl keeps them:
+    # their advantages are 0, but the KL loss still applies). docs/algorithms.md.
+    skip_zero_variance_updates: bool = False
 
 
 @dataclass

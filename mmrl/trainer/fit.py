@@ -25,6 +25,7 @@ from mmrl.protocol import Batch
 from mmrl.sampling import SamplingParams
 from mmrl.tasks import Task, get_task
 from mmrl.tasks.sft import sft_train
+from mmrl.trainer.guard import InvalidRateMonitor, batch_for_update
 from mmrl.trainer.metrics import compute_data_metrics
 from mmrl.trainer.tracking import Tracker
 from mmrl.utils.seed import set_seed
@@ -247,11 +248,21 @@ def rl_step(
                 values=batch["values"] if critic is not None else None,
                 reward_baselines=baselines,
             )
-        if critic is not None:
-            with timer("update_critic", metrics):
-                metrics.update(critic.update_critic(batch.clone(), seed=step_seed))
-        with timer("update_actor", metrics):
-            metrics.update(worker.update_actor(batch.clone(), seed=step_seed))
+        update, guard_metrics = batch_for_update(batch, cfg.trainer.skip_zero_variance_updates)
+        metrics.update(guard_metrics)
+        if update is None:  # nothing to learn from: no optimizer step, the lr schedule waits
+            log.warning(
+                "step %d: no sample is left to learn from (reward/invalid_rate=%.2f); the "
+                "update is skipped",
+                step,
+                metrics.get("reward/invalid_rate", 0.0),
+            )
+        else:
+            if critic is not None:
+                with timer("update_critic", metrics):
+                    metrics.update(critic.update_critic(update.clone(), seed=step_seed))
+            with timer("update_actor", metrics):
+                metrics.update(worker.update_actor(update, seed=step_seed))
     metrics.update(compute_data_metrics(batch, metrics["timing_s/step"], metrics["timing_s/gen"]))
     return metrics
 
@@ -268,7 +279,7 @@ def validate(
     (``val/greedy/*``).
     """
     vk = cfg.actor_rollout_ref.rollout.val_kwargs
-    scores, metrics_sum = [], {}
+    scores, metrics_sum, counts = [], {}, {}
     for i, chunk in enumerate(val_prompts.split(cfg.data.val_batch_size)):
         params = sampling_params(
             cfg, processor, cfg.trainer.seed + 7919 * i, validate=True, greedy=greedy
@@ -276,12 +287,14 @@ def validate(
         out = worker.generate_sequences(chunk if greedy else chunk.repeat(vk.n), params)
         out, m = score(out, processor, cfg, runner)
         scores.append(out["token_level_scores"].sum(-1))
-        for k, v in m.items():
+        for k, v in m.items():  # a chunk may lack a mean (no sample scored): weigh by presence
             metrics_sum[k] = metrics_sum.get(k, 0.0) + v * len(out)
-    total = sum(len(s) for s in scores)
+            counts[k] = counts.get(k, 0) + len(out)
     all_scores = torch.cat(scores)
     prefix = "val/greedy" if greedy else "val"
-    metrics = {f"{prefix}/{k.removeprefix('reward/')}": v / total for k, v in metrics_sum.items()}
+    metrics = {
+        f"{prefix}/{k.removeprefix('reward/')}": v / counts[k] for k, v in metrics_sum.items()
+    }
     metrics[f"{prefix}/score/mean"] = float(all_scores.mean())
     return metrics
 
@@ -327,6 +340,7 @@ def fit(cfg: RunConfig) -> RunResult:
         train_prompts, cfg.data.train_batch_size, cfg.data.shuffle, cfg.trainer.seed
     )
     tracker = Tracker(cfg.output_dir, cfg.trainer.loggers)
+    monitor = InvalidRateMonitor(cfg.trainer.max_invalid_rate, cfg.trainer.invalid_rate_patience)
     init_metrics["data/filtered_prompts"] = train_prompts.meta["num_filtered_prompts"]
 
     # In-process, or one Ray actor per rank (trainer.n_workers_per_node, nnodes, ray_address).
@@ -354,7 +368,12 @@ def fit(cfg: RunConfig) -> RunResult:
             if cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0 and not last:
                 worker.save_pretrained(cfg.output_dir / f"global_step_{step}" / "actor")
             tracker.log(metrics, step)
-            bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
+            if "critic/score/mean" in metrics:  # absent when no sample was valid
+                bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
+            if monitor.should_stop(metrics):
+                path = cfg.output_dir / f"global_step_{step}" / "actor"
+                worker.save_pretrained(path)
+                raise monitor.error(metrics, runner.error_examples, str(path))
         worker.save_pretrained(cfg.output_dir / "actor")
     extra = task.on_fit_end(cfg, model_path, cfg.output_dir / "actor", tracker.history)
     result = RunResult(cfg.output_dir, tracker.history, time.perf_counter() - start, peak_rss_gib())

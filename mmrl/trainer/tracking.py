@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 
 CONSOLE_KEYS = (
     "critic/score/mean",
+    "reward/invalid_rate",
     "val/score/mean",
     "actor/pg_loss",
     "actor/kl_loss",
@@ -43,7 +44,11 @@ class Tracker:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
         if self.console:
-            shown = " ".join(f"{k}={record[k]:.4g}" for k in CONSOLE_KEYS if k in record)
+            # A key is missing (or None, not finite) when a step has no value for it, e.g. no
+            # valid sample: the line shows what there is.
+            shown = " ".join(
+                f"{k}={record[k]:.4g}" for k in CONSOLE_KEYS if record.get(k) is not None
+            )
             tqdm.write(f"step {step}: {shown}")
 
 

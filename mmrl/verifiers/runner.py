@@ -22,7 +22,7 @@ Metrics: ``reward/<name>/mean`` (over the samples it scored), ``reward/<name>/er
 and ``reward/<name>/errors/<kind>`` (counts in this batch), ``reward/<name>/<metric>``
 (its own metrics, averaged over its valid samples), ``timing_s/reward/<name>``
 (wall seconds for batch mode; summed worker-call seconds for process mode) and
-``reward/invalid_rate``.
+``reward/invalid_rate``. A mean over no scored sample is left out, not reported as 0.
 """
 
 from __future__ import annotations
@@ -97,6 +97,8 @@ class VerifierRunner:
         self.timeout_s = timeout_s or DEFAULT_TIMEOUT_S
         self._pool: ProcessPool | RayPool | None = None
         self._logged: set[tuple[str, str]] = set()
+        # (verifier name, error kind) -> the latest run's first message of that kind
+        self.error_examples: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()  # one run at a time: the worker pool is not shared
         self._executor: ThreadPoolExecutor | None = None
 
@@ -258,9 +260,8 @@ class VerifierRunner:
                 valid &= res.valid
             prefix = f"reward/{v.name}"
             scored = np.count_nonzero(res.valid)
-            metrics[f"{prefix}/mean"] = (
-                float(res.scores[res.valid].sum() / scored) if scored else 0.0
-            )
+            if scored:  # with no scored sample a mean would be a made-up 0; it is left out
+                metrics[f"{prefix}/mean"] = float(res.scores[res.valid].sum() / scored)
             for kind in ERROR_KINDS:
                 rows = res.errors.get(kind)
                 metrics[f"{prefix}/errors/{kind}"] = (
@@ -272,7 +273,8 @@ class VerifierRunner:
             )
             for key, column in res.metrics.items():
                 kept = column[res.valid & ~np.isnan(column)]
-                metrics[f"{prefix}/{key}"] = float(kept.mean()) if kept.size else 0.0
+                if kept.size:
+                    metrics[f"{prefix}/{key}"] = float(kept.mean())
             metrics[f"timing_s/reward/{v.name}"] = res.duration_s
         metrics["reward/invalid_rate"] = 1.0 - np.count_nonzero(valid) / n if n else 0.0
         return VerifierOutput(scores=np.where(valid, total, 0.0), valid=valid, metrics=metrics)
@@ -281,6 +283,7 @@ class VerifierRunner:
         uids = batch.non_tensor.get("uid")
         for name, res in results.items():
             for kind, (row, message) in res.first_error.items():
+                self.error_examples[(name, kind)] = message
                 uid = f", uid {uids[row]!r}" if uids is not None else ""
                 self._log_once(
                     name, kind,
