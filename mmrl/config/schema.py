@@ -38,6 +38,12 @@ class DataConfig:
         False  # keep raw media beside the processed pixels (the vLLM engine turns it on)
     )
     cache_size: int = 4096  # processed prompts kept (per-uid cache, LRU); 0 disables
+    # Refusals, checked before media is decoded in full (a decompression bomb costs nothing):
+    # encoded image size, image width * height (from the header; PIL's own warning level),
+    # and frames in a video's container. null turns a check off. max_pixels above only resizes.
+    max_image_bytes: int | None = 64 * 2**20
+    max_image_pixels: int | None = 89_478_485
+    max_video_frames: int | None = 100_000
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from mmrl.data.parquet import (
     ParquetSchemaError,
+    UnsafeMediaPathError,
     VisionPromptDataset,
     load_vision_parquet,
     write_vision_parquet,
@@ -9,6 +10,7 @@ from mmrl.data.parquet import (
 
 __all__ = [
     "ParquetSchemaError",
+    "UnsafeMediaPathError",
     "VisionPromptDataset",
     "load_vision_parquet",
     "write_vision_parquet",

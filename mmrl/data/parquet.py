@@ -15,11 +15,13 @@ images      list<struct<bytes: binary, path: string>>    one entry per ``<image>
 videos      list<string> or list<struct<bytes, path>>    optional; one mp4 per ``<video>``
 ==========  ===========================================  =======================================
 
-Any other column is carried per row in ``extra_info``.
+Any other column is carried per row in ``extra_info``. Media paths are relative to the
+parquet file's folder and must stay inside it.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +37,10 @@ MEDIA_STRUCT = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
 class ParquetSchemaError(ValueError):
     """A parquet file does not follow the VLM prompt layout."""
+
+
+class UnsafeMediaPathError(ParquetSchemaError):
+    """A row's media path points outside the parquet file's folder."""
 
 
 @dataclass
@@ -186,14 +192,28 @@ def load_vision_parquet(
 
 
 def _resolve_media(item: Any, root: Path, where: str) -> Any:
-    """Bytes if present, else the path (relative paths resolved against the parquet's folder)."""
+    """Bytes if present, else the path, resolved against the parquet's folder.
+
+    A parquet file may come from anywhere, so a path must stay inside its folder: an
+    absolute path or one that climbs out (``../``) could make training read any file the
+    user can read.
+    """
     if isinstance(item, dict):
         if item.get("bytes") is not None:
             return item["bytes"]
         item = item.get("path")
         if item is None:
             raise ParquetSchemaError(f"{where} has neither bytes nor path")
-    return str(root / item) if not Path(item).is_absolute() and (root / item).exists() else item
+    # Lexical, not Path.resolve(): a symlinked folder inside the dataset stays allowed.
+    base = os.path.normpath(os.path.abspath(root))
+    full = os.path.normpath(os.path.join(base, str(item)))
+    if Path(str(item)).is_absolute() or os.path.commonpath([base, full]) != base:
+        raise UnsafeMediaPathError(
+            f"{where}: media path {str(item)!r} is outside the parquet file's folder {base}; "
+            "store paths relative to that folder (no '..', no absolute paths), or embed the "
+            "bytes"
+        )
+    return full
 
 
 def _check_column(path: Path, schema: pa.Schema, name: str, expected: str, ok) -> None:

@@ -37,7 +37,14 @@ from mmrl.models.vlm_inputs import (
     check_vision_tokens,
     mm_token_type_ids,
 )
-from mmrl.processors.media import ImageInput, VideoInput, load_image, media_digest, read_video
+from mmrl.processors.media import (
+    ImageInput,
+    MediaError,
+    VideoInput,
+    load_image,
+    media_digest,
+    read_video,
+)
 from mmrl.processors.text import PromptTooLongError, TextProcessor
 from mmrl.protocol import Batch
 
@@ -155,7 +162,10 @@ class VisionProcessor:
 
     def _process(self, sample: VisionSample, sample_id: int) -> ProcessedPrompt:
         self._check_placeholders(sample, sample_id)
-        media = self.load_multi_modal_data(sample)
+        try:
+            media = self.load_multi_modal_data(sample)
+        except MediaError as err:  # name the sample: the message names only the file
+            raise type(err)(f"sample {sample_id}: {err}") from err
         kwargs: dict[str, Any] = {"return_tensors": "pt"}
         if media["image"]:
             kwargs["images"] = media["image"]
@@ -192,7 +202,10 @@ class VisionProcessor:
     def load_multi_modal_data(self, sample: VisionSample) -> dict[str, list]:
         """``{"image": [PIL RGB], "video": [(frames uint8 [F, H, W, 3], VideoMetadata)]}``."""
         return {
-            "image": [load_image(x) for x in sample.images],
+            "image": [
+                load_image(x, self.cfg.max_image_bytes, self.cfg.max_image_pixels)
+                for x in sample.images
+            ],
             "video": [read_video(v, **self.video_sampling) for v in sample.videos],
         }
 
@@ -205,6 +218,7 @@ class VisionProcessor:
             "min_frames": c.video_min_frames,
             "max_frames": c.video_max_frames,
             "frame_multiple": self.temporal_patch_size,
+            "max_video_frames": c.max_video_frames,
         }
 
     def _size_kwargs(
