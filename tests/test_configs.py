@@ -17,6 +17,7 @@ REQUIRED = {
         "task.train_files=[/data/geo3k/train.parquet]",
     ],
     "task/vision_parquet": ["task.train_files=[/data/train.parquet]"],
+    "task/worldmodel_videos": ["task.pretrain.data.videos=/data/my_recordings"],
 }
 
 

@@ -92,19 +92,22 @@ def test_decode_round_trip_and_invalid_responses_are_invalid_samples(grid_dir, c
     assert out.metrics["reward/state_match/mean"] in (0.0, 1.0)
 
 
-def test_state_match_score_uses_the_renderer_inverse(grid_dir, checkpoint):
-    from mmrl.tasks.worldmodel_eval import state_match
-    from mmrl.verifiers.closed_loop import ClosedLoopSample
+def test_state_match_uses_the_recorded_states_and_the_renderer_inverse(grid_dir, checkpoint):
+    from mmrl.verifiers.state_match import state_match
 
-    windows = windows_of(grid_dir)
+    windows = windows_of(grid_dir)[:3]
     batch = WorldModelPromptProcessor(checkpoint[2], checkpoint[1]).encode_dataset(windows, "val")
-    truth = torch.from_numpy(windows.future[0]).float() / 255
-    sample = ClosedLoopSample(
-        env=batch["env"][0], predicted_frames=truth, ground_truth=batch["ground_truth"][0]
-    )
-    assert state_match(sample) == 1.0
-    sample.predicted_frames = torch.zeros_like(truth)
-    assert state_match(sample) == 0.0
+    truth = torch.from_numpy(windows.future).float() / 255
+    pred = truth.clone()
+    pred[1] = 0.0  # a black frame shows no agent: no state
+    pred[2] = float("nan")  # undecodable: an invalid sample, not a mismatch
+    batch["pred_frames"] = pred
+    out = state_match(batch)  # env and true states come from the batch, no kwargs
+    assert out.scores[:2].tolist() == [1.0, 0.0] and out.valid.tolist() == [True, True, False]
+    # the recorded true state is the truth, not the gt frame
+    moved = [dict(s, agent=np.asarray(s["agent"]) + 1) for s in batch.non_tensor["ground_truth"][0]]
+    batch.non_tensor["ground_truth"][0] = moved
+    assert state_match(batch).scores[0] == 0.0
 
 
 def test_task_config_composes_and_text_default_is_unchanged():

@@ -12,30 +12,7 @@ from mmrl.worldmodel.pretrain import load_pretrain_config
 from mmrl.worldmodel.pretrain_data import prepare_data
 from mmrl.worldmodel.tokenizer import VQConfig, VQTokenizer, build_vq_model
 from mmrl.worldmodel.video import VideoDataset, VideoOptions, write_mp4
-
-
-def square_episode(rng: np.random.Generator, t: int = 8, shape=(48, 64)):
-    """A square that moves by its continuous 3-dim action (dx, dy, brightness)."""
-    actions = rng.uniform(-1, 1, (t - 1, 3)).astype(np.float32)
-    frames = np.zeros((t, *shape, 3), np.uint8)
-    y, x = shape[0] // 2, shape[1] // 2
-    for i in range(t):
-        if i:
-            y = int(np.clip(y + 4 * actions[i - 1, 1], 4, shape[0] - 12))
-            x = int(np.clip(x + 4 * actions[i - 1, 0], 4, shape[1] - 12))
-        level = 160 + int(60 * (actions[i - 1, 2] if i else 0))
-        frames[i, y : y + 8, x : x + 8] = (level, 80, 40)
-    return frames, actions
-
-
-def write_episodes(folder, n, t=8, shape=(48, 64), fps=10, seed=0, sidecar="{stem}.npy"):
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for i in range(n):
-        frames, actions = square_episode(rng, t, shape)
-        write_mp4(folder / f"ep{i:02d}.mp4", frames, fps=fps)
-        np.save(folder / sidecar.format(stem=f"ep{i:02d}"), actions)
-    return folder
+from tests.video_data import square_episode, write_episodes
 
 
 def listing(folder):

@@ -9,7 +9,6 @@ back into frames for the frame verifiers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +18,7 @@ import torch
 from mmrl.protocol import Batch
 from mmrl.worldmodel.data import TrajectoryDataset
 from mmrl.worldmodel.latent_ae import LatentAutoencoder
-
-
-@dataclass
-class FrameWindows:
-    """Windows of K context and F future frames from a trajectory dataset.
-
-    context: uint8 [M, K, H, W, 3]. actions: float32 [M, K+F-1, A]. future: uint8 [M, F, H, W, 3].
-    sources: one dict per window: ``trajectory`` (index), ``seed`` (its env seed), ``start``
-    (frame).
-    """
-
-    context: np.ndarray
-    actions: np.ndarray
-    future: np.ndarray
-    sources: list[dict[str, int]] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.context)
+from mmrl.worldmodel.windows import FrameWindows
 
 
 def frame_windows(
@@ -57,10 +39,12 @@ def frame_windows(
         pick = np.linspace(0, len(starts) - 1, max_windows).round().astype(int)
         starts = [starts[j] for j in pick]
     seeds = data.index["seeds"]
+    env = {"name": data.info.env, "config": dict(data.index.get("env_config", {}))}
     return FrameWindows(
         context=np.stack([frames[i, s : s + context] for i, s in starts]),
         actions=np.stack([actions[i, s : s + span - 1] for i, s in starts]).astype(np.float32),
         future=np.stack([frames[i, s + context : s + span] for i, s in starts]),
+        env=env if data.info.env else None,
         sources=[{"trajectory": i, "seed": int(seeds[i]), "start": s} for i, s in starts],
     )
 
@@ -99,7 +83,7 @@ class LatentWorldModelProcessor:
                 "attention_mask": mask,
                 "position_ids": torch.arange(k).expand(m, k).clone(),
             },
-            non_tensor={"extra_info": np.asarray(windows.sources or [{}] * m, dtype=object)},
+            non_tensor={"extra_info": _infos(windows.sources)},
             meta={"num_filtered_prompts": 0},
         )
 
@@ -115,3 +99,11 @@ class LatentWorldModelProcessor:
     def sampling_overrides(self) -> dict[str, Any]:
         """Exactly F latent steps per response."""
         return {"max_tokens": self.future, "min_tokens": self.future}
+
+
+def _infos(sources: Any) -> np.ndarray:
+    """One ``extra_info`` dict per window (a string source becomes ``{"source": ...}``)."""
+    out = np.empty(len(sources), dtype=object)
+    for i, s in enumerate(sources):
+        out[i] = dict(s) if isinstance(s, dict) else {"source": s}
+    return out

@@ -1,4 +1,4 @@
-"""Held-out evaluation of a token world model, and the closed-loop ``state_match`` score.
+"""Held-out evaluation of a token world model.
 
 Metrics per predicted frame, averaged over frames and windows: PSNR (dB), SSIM,
 LPIPS (AlexNet), MAE (pixel units in [0, 1]), and, where the environment is known,
@@ -19,8 +19,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from mmrl.verifiers.closed_loop import ClosedLoopSample, register_task_score
-from mmrl.worldmodel.envs import make_env, states_equal
+from mmrl.worldmodel.envs import frame_state_match, make_env
 from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
 from mmrl.worldmodel.tokenizer import VQTokenizer
 
@@ -37,25 +36,6 @@ def _env(spec_json: str):
 def env_from_spec(spec: dict[str, Any]):
     """A (cached) environment from ``{"name", "config"}``; used only for its pure functions."""
     return _env(json.dumps(spec, sort_keys=True))
-
-
-@register_task_score("state_match")
-def state_match(sample: ClosedLoopSample) -> float:
-    """Fraction of predicted frames whose observed state equals the true one.
-
-    ``sample.env`` is ``{"name", "config"}``; ``sample.ground_truth`` the true observed
-    states, one per future frame (set by the world-model processor).
-    """
-    env = env_from_spec(sample.env)
-    frames = (sample.predicted_frames.clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
-    if np.isnan(sample.predicted_frames.cpu().numpy()).any():
-        return float("nan")  # an undecodable response: invalid, not a score
-    truths = sample.ground_truth
-    return float(
-        np.mean(
-            [states_equal(env.state_from_frame(f), t) for f, t in zip(frames, truths, strict=True)]
-        )
-    )
 
 
 @torch.no_grad()
@@ -123,7 +103,7 @@ def frame_scores(
     if env is not None:
         e = env_from_spec(env)
         match = [
-            states_equal(e.state_from_frame(a), e.state_from_frame(b))
+            frame_state_match(e, a, b)[0]
             for a, b in zip(
                 pred.reshape(-1, *pred.shape[2:]), truth.reshape(-1, *truth.shape[2:]), strict=True
             )

@@ -52,12 +52,18 @@ class WorldModelTokensConfig:
     report: bool = True
 
 
+@register_task("worldmodel_videos")
 @register_task("worldmodel_tokens")
 class WorldModelTokensTask(Task):
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg: WorldModelTokensConfig = task_config(WorldModelTokensConfig, cfg)
         self.name = self.cfg.name
         self.pretrain_cfg = pretrain_config(self.cfg.pretrain, self.cfg.cache_dir)
+        if self.name == "worldmodel_videos" and not self.pretrain_cfg.data.videos:
+            raise ValueError(
+                "task=worldmodel_videos trains on your recordings: pass "
+                "task.pretrain.data.videos=DIR (a folder of mp4 + action files)"
+            )
 
     # --- the starting model -----------------------------------------------------------
 
@@ -108,7 +114,7 @@ class WorldModelTokensTask(Task):
         names = [
             v.get("alias") or v.get("name")
             for v in reward.verifiers
-            if v.get("name") == "state_match" or v.get("kwargs", {}).get("task") == "state_match"
+            if v.get("name") == "state_match"
         ]
         if names:
             raise ValueError(

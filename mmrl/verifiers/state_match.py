@@ -5,6 +5,10 @@ frame can be judged by what it means rather than by its pixels: did the agent (a
 each object) end up where it really did? The truth is read from ``gt_frames`` by the
 same inverse, which equals the true observed state exactly.
 
+This is the one state-match rule: the reward verifier and the held-out evaluation
+(:mod:`mmrl.tasks.worldmodel_eval`) both call
+:func:`~mmrl.worldmodel.envs.frame_state_match`.
+
 Per frame, a predicted state matches when it is valid (the frame shows one
 consistent state) and every observed field equals the truth, or, for fields of
 integer positions (the push world's ``pixels``), lies within ``tolerance`` pixels
@@ -14,6 +18,7 @@ per-frame 0/1 values), so the verifier can serve as a reward or a metric.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -22,38 +27,15 @@ import torch
 from mmrl.protocol import Batch
 from mmrl.verifiers.base import VerifierOutput, register_verifier
 from mmrl.verifiers.frames import aggregate_frames, frame_pairs
+from mmrl.worldmodel.envs import frame_state_match
 
-POSITION_FIELDS = ("pixels", "agent")
-
-
-def frame_state_match(
-    env: Any, pred: np.ndarray, truth: np.ndarray, tolerance: int = 0
-) -> tuple[bool, float]:
-    """``(match, position_error)`` of one predicted ``uint8 [H, W, 3]`` frame against the true one.
-
-    ``position_error`` is the largest absolute coordinate difference of the positions
-    (``inf`` when the predicted frame shows no valid state).
-    """
-    p, t = env.state_from_frame(pred), env.state_from_frame(truth)
-    if not bool(p.get("valid", True)):
-        return False, float("inf")
-    error, match = 0.0, True
-    for key, value in t.items():
-        if key == "valid":
-            continue
-        if key in POSITION_FIELDS:
-            err = float(np.abs(np.asarray(p[key]) - np.asarray(value)).max())
-            error = max(error, err)
-            match &= err <= tolerance
-        else:
-            match &= bool(np.array_equal(p[key], value))
-    return bool(match), error
+__all__ = ["frame_state_match", "state_match"]
 
 
 @register_verifier("state_match")
 def state_match(
     batch: Batch,
-    env: str = "push",
+    env: str | None = None,
     env_config: dict[str, Any] | None = None,
     tolerance: int = 0,
     aggregate: str = "mean",
@@ -61,29 +43,57 @@ def state_match(
 ) -> VerifierOutput:
     """Fraction of each sample's F predicted frames whose state matches the truth's.
 
-    env / env_config: the registered environment that rendered the frames.
+    The environment is the sample's own (non-tensor field ``env``: ``{"name", "config"}``,
+    set by the world-model processors) or, without that field, ``env``/``env_config``.
+    The truth is the sample's recorded observed states (non-tensor ``ground_truth``: one
+    state per future frame) when present, else read from ``gt_frames``. A sample with an
+    undecodable prediction (NaN frames) is invalid, not a mismatch.
+
     tolerance: allowed position error in pixels (0: exact).
     Metrics: ``position_error`` (mean over frames, invalid frames count as the frame size)
     and ``valid_state`` (fraction of predicted frames that show a consistent state).
     """
-    from mmrl.worldmodel.envs import make_env
-
-    world = make_env(env, **(env_config or {}))
     pred, gt = frame_pairs(batch)
-    pred_u8 = (pred * 255).round().to(torch.uint8).cpu().numpy()
+    b, f = pred.shape[:2]
+    decodable = ~torch.isnan(pred.reshape(b, -1)).any(1).cpu().numpy()
+    pred_u8 = (pred.nan_to_num(0.0) * 255).round().to(torch.uint8).cpu().numpy()
     gt_u8 = (gt * 255).round().to(torch.uint8).cpu().numpy()
-    b, f = pred_u8.shape[:2]
+    worlds = _environments(batch, env, env_config)
+    truths = batch.non_tensor.get("ground_truth")
     matches, errors = np.zeros((b, f)), np.zeros((b, f))
     for i in range(b):
         for j in range(f):
+            truth = truths[i][j] if truths is not None else None
             matches[i, j], errors[i, j] = frame_state_match(
-                world, pred_u8[i, j], gt_u8[i, j], tolerance
+                worlds[i], pred_u8[i, j], gt_u8[i, j], tolerance, truth
             )
     valid_state = np.isfinite(errors)
     errors = np.minimum(errors, float(max(pred_u8.shape[2:4])))
     scores = aggregate_frames(torch.from_numpy(matches), aggregate, gamma).numpy()
     return VerifierOutput(
-        scores=scores,
-        valid=np.ones(b, dtype=bool),
+        scores=np.where(decodable, scores, np.nan),
+        valid=decodable,
         metrics={"position_error": errors.mean(1), "valid_state": valid_state.mean(1)},
     )
+
+
+def _environments(batch: Batch, env: str | None, env_config: dict[str, Any] | None) -> list:
+    """One environment per sample: the batch's ``env`` specs, else the ``env`` kwarg."""
+    from mmrl.worldmodel.envs import make_env
+
+    specs = batch.non_tensor.get("env")
+    if specs is None:
+        if env is None:
+            raise ValueError(
+                "state_match needs the environment that rendered the frames: a non-tensor "
+                "field 'env' ({'name', 'config'} per sample) or kwargs {env: <name>}"
+            )
+        return [make_env(env, **(env_config or {}))] * len(batch)
+    made: dict[str, Any] = {}
+    out = []
+    for spec in specs:
+        key = json.dumps(spec, sort_keys=True, default=str)
+        if key not in made:
+            made[key] = make_env(spec["name"], **dict(spec.get("config") or {}))
+        out.append(made[key])
+    return out

@@ -1,14 +1,17 @@
-"""Helpers shared by the frame autoencoders: pixel conversion, PSNR, training frames, caching."""
+"""Helpers shared by the frame autoencoders (VQ tokenizer, latent AE): pixel conversion, PSNR,
+training frames, caching, and the one training loop both use."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from mmrl.worldmodel.data import INDEX_FILE, TrajectoryDataset
 
@@ -99,3 +102,40 @@ def weighted_mse(
 
 def batches(n: int, batch_size: int) -> list[slice]:
     return [slice(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
+
+
+# loss_fn(x [B, 3, H, W] in [-1, 1], batch uint8 [B, H, W, 3], colour weights) -> loss
+CodecLoss = Callable[[torch.Tensor, np.ndarray, torch.Tensor], torch.Tensor]
+
+
+def train_codec(
+    model: torch.nn.Module,
+    frames: np.ndarray,
+    train: Any,
+    loss_fn: CodecLoss,
+    desc: str,
+    progress: bool = True,
+    after_step: Callable[[int], None] | None = None,
+) -> list[float]:
+    """Adam on random batches of ``frames uint8 [N, H, W, 3]``; returns the loss per step.
+
+    ``train`` has ``steps``, ``batch_size``, ``lr``, ``seed`` and ``rare_colour_weight``;
+    ``after_step(step)`` runs after each update (the VQ tokenizer restarts dead codes there).
+    """
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=train.lr)
+    rng = np.random.default_rng(train.seed)
+    weights = colour_weights(frames, train.rare_colour_weight)
+    losses: list[float] = []
+    bar = tqdm(range(train.steps), desc=desc, disable=not progress)
+    for step in bar:
+        batch = frames[rng.integers(0, len(frames), train.batch_size)]
+        loss = loss_fn(to_tensor(batch), batch, weights)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        if after_step is not None:
+            after_step(step)
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+    return losses

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from diffusers import AutoencoderKL
-from tqdm.auto import tqdm
 
 from mmrl.worldmodel import frames as F
 from mmrl.worldmodel.tokenizer import AETrainConfig
@@ -150,22 +149,11 @@ def _fit(
     model: AutoencoderKL, frames: np.ndarray, cfg: AEConfig, train: AETrainConfig, progress: bool
 ) -> list[float]:
     """Colour-weighted MSE of a posterior sample's decoding + ``kl_weight`` * per-element KL."""
-    model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=train.lr)
-    rng = np.random.default_rng(train.seed)
-    weights = F.colour_weights(frames, train.rare_colour_weight)
-    losses: list[float] = []
-    bar = tqdm(range(train.steps), desc="train latent autoencoder", disable=not progress)
-    for _ in bar:
-        batch = frames[rng.integers(0, len(frames), train.batch_size)]
-        x = F.to_tensor(batch)
+
+    def loss_fn(x: torch.Tensor, batch: np.ndarray, weights: torch.Tensor) -> torch.Tensor:
         posterior = model.encode(x).latent_dist
         recon = model.decode(posterior.sample()).sample
         kl = posterior.kl().mean() / np.prod(posterior.mean.shape[1:])
-        loss = F.weighted_mse(recon, x, batch, weights) + cfg.kl_weight * kl
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.4f}")
-    return losses
+        return F.weighted_mse(recon, x, batch, weights) + cfg.kl_weight * kl
+
+    return F.train_codec(model, frames, train, loss_fn, "train latent autoencoder", progress)

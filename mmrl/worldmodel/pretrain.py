@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 from mmrl.utils.seed import set_seed
 from mmrl.utils.timing import peak_rss_gib
 from mmrl.worldmodel.data import TrajectoryDataset
-from mmrl.worldmodel.envs import make_env, states_equal
+from mmrl.worldmodel.envs import frame_state_match, make_env
 from mmrl.worldmodel.frames import psnr
 from mmrl.worldmodel.pretrain_data import DataSection, encode_sequences, prepare_data
 from mmrl.worldmodel.token_lm import (
@@ -299,10 +299,7 @@ def evaluate_greedy(
         if env is None:  # recorded video: no renderer to read a state from
             scores[f"val/state_match_{name}"] = float("nan")
             continue
-        matches = [
-            states_equal(env.state_from_frame(p), env.state_from_frame(t))
-            for p, t in zip(pred, truth, strict=True)
-        ]
+        matches = [frame_state_match(env, p, t)[0] for p, t in zip(pred, truth, strict=True)]
         scores[f"val/state_match_{name}"] = float(np.mean(matches))
     return scores
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from diffusers import VQModel
-from tqdm.auto import tqdm
 
 from mmrl.worldmodel import frames as F
 
@@ -205,29 +204,24 @@ def train_vq_tokenizer(
 
 def _fit(tok: VQTokenizer, frames: np.ndarray, train: AETrainConfig, progress: bool) -> list[float]:
     """Colour-weighted reconstruction MSE + VQ loss; unused codes re-seeded from encoder outputs."""
-    model = tok.model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=train.lr)
-    rng = np.random.default_rng(train.seed)
+    model = tok.model
     usage = torch.zeros(tok.codebook_size)
-    weights = F.colour_weights(frames, train.rare_colour_weight)
-    losses: list[float] = []
-    bar = tqdm(range(train.steps), desc="train VQ tokenizer", disable=not progress)
-    for step in bar:
-        batch = frames[rng.integers(0, len(frames), train.batch_size)]
-        x = F.to_tensor(batch)
+    last_h: list[torch.Tensor] = []
+
+    def loss_fn(x: torch.Tensor, batch: np.ndarray, weights: torch.Tensor) -> torch.Tensor:
         h, idx, z_q, vq_loss = tok._indices(x)
         recon = model.decode(z_q, force_not_quantize=True).sample
-        loss = F.weighted_mse(recon, x, batch, weights) + vq_loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        usage += torch.bincount(idx.reshape(-1), minlength=tok.codebook_size)
-        if train.restart_every and (step + 1) % train.restart_every == 0 and step + 1 < train.steps:
-            _restart_dead_codes(model, usage, h.detach())
+        usage.add_(torch.bincount(idx.reshape(-1), minlength=tok.codebook_size))
+        last_h[:] = [h.detach()]
+        return F.weighted_mse(recon, x, batch, weights) + vq_loss
+
+    def restart(step: int) -> None:
+        every = train.restart_every
+        if every and (step + 1) % every == 0 and step + 1 < train.steps:
+            _restart_dead_codes(model, usage, last_h[0])
             usage.zero_()
-        bar.set_postfix(loss=f"{losses[-1]:.4f}")
-    return losses
+
+    return F.train_codec(model, frames, train, loss_fn, "train VQ tokenizer", progress, restart)
 
 
 @torch.no_grad()

@@ -155,6 +155,39 @@ def states_equal(a: State, b: State) -> bool:
     return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
+POSITION_FIELDS = ("pixels", "agent")
+
+
+def frame_state_match(
+    env: Env,
+    pred: np.ndarray,
+    truth: np.ndarray,
+    tolerance: int = 0,
+    true_state: dict[str, Any] | None = None,
+) -> tuple[bool, float]:
+    """``(match, position_error)`` of one predicted ``uint8 [H, W, 3]`` frame against the truth:
+    the recorded observed state ``true_state`` when given, else the true frame's.
+
+    ``position_error`` is the largest absolute coordinate difference of the positions
+    (``inf`` when the predicted frame shows no valid state).
+    """
+    p = env.state_from_frame(pred)
+    t = true_state if true_state is not None else env.state_from_frame(truth)
+    if not bool(p.get("valid", True)):
+        return False, float("inf")
+    error, match = 0.0, True
+    for key, value in t.items():
+        if key == "valid":
+            continue
+        if key in POSITION_FIELDS:
+            err = float(np.abs(np.asarray(p[key]) - np.asarray(value)).max())
+            error = max(error, err)
+            match &= err <= tolerance
+        else:
+            match &= bool(np.array_equal(p[key], value))
+    return bool(match), error
+
+
 def nearest_palette(pixels: np.ndarray, palette: np.ndarray) -> np.ndarray:
     """Index of the nearest palette colour for each pixel.
 

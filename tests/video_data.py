@@ -1,0 +1,46 @@
+"""Recorded-video test data: mp4 episodes of a square driven by 3-dim continuous actions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from mmrl.worldmodel.video import write_mp4
+
+
+def square_episode(
+    rng: np.random.Generator, t: int = 8, shape: tuple[int, int] = (48, 64)
+) -> tuple[np.ndarray, np.ndarray]:
+    """``frames uint8 [t, H, W, 3]`` and ``actions float32 [t-1, 3]``: an 8x8 square moves by
+    ``4 * (a0, a1)`` pixels per step (stopping at the walls) and ``a2`` sets its brightness."""
+    actions = rng.uniform(-1, 1, (t - 1, 3)).astype(np.float32)
+    frames = np.full((t, *shape, 3), 24, np.uint8)
+    y, x = shape[0] // 2 - 4, shape[1] // 2 - 4
+    for i in range(t):
+        level = 170
+        if i:
+            y = int(np.clip(y + round(4 * actions[i - 1, 1]), 0, shape[0] - 8))
+            x = int(np.clip(x + round(4 * actions[i - 1, 0]), 0, shape[1] - 8))
+            level = 170 + int(round(60 * actions[i - 1, 2]))
+        frames[i, y : y + 8, x : x + 8] = (level, 90, 40)
+    return frames, actions
+
+
+def write_episodes(
+    folder: Path,
+    n: int,
+    t: int = 8,
+    shape: tuple[int, int] = (48, 64),
+    fps: float = 10,
+    seed: int = 0,
+    sidecar: str = "{stem}.npy",
+) -> Path:
+    """``n`` episodes ``ep00.mp4, ...`` with their actions (``sidecar`` pattern) in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        frames, actions = square_episode(rng, t, shape)
+        write_mp4(folder / f"ep{i:02d}.mp4", frames, fps=fps)
+        np.save(folder / sidecar.format(stem=f"ep{i:02d}"), actions)
+    return folder
