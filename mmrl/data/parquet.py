@@ -131,7 +131,10 @@ def load_vision_parquet(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"parquet file {path} does not exist")
-    schema = pq.read_schema(path)
+    try:  # a damaged file must name itself, not surface as an arrow error from deep inside
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError, ValueError) as err:  # ValueError: bad UTF-8 in the footer
+        raise ParquetSchemaError(f"{path}: not a readable parquet file ({err})") from err
     _check_column(path, schema, problem_key, "string", _is_string)
     _check_column(
         path,
@@ -154,18 +157,22 @@ def load_vision_parquet(
             "list<string> or list<struct<bytes: binary, path: string>>",
             lambda t: _is_media_list(t) or (_is_list(t) and _is_string(t.value_type)),
         )
-    table = pq.read_table(path)
-    if max_rows is not None:
-        table = table.slice(0, max_rows)
-    problems = table.column(problem_key).to_pylist()
-    answers = table.column(answer_key).to_pylist()
-    n = len(problems)
-    images = table.column(images_key).to_pylist() if has_images else [[] for _ in range(n)]
-    videos = table.column(videos_key).to_pylist() if has_videos else [[] for _ in range(n)]
-    others = [
-        c for c in table.column_names if c not in (problem_key, answer_key, images_key, videos_key)
-    ]
-    extra = table.select(others).to_pylist() if others else [{} for _ in range(n)]
+    try:  # reading and converting the values both decode pages: either can meet the damage
+        table = pq.read_table(path)
+        if max_rows is not None:
+            table = table.slice(0, max_rows)
+        problems = table.column(problem_key).to_pylist()
+        answers = table.column(answer_key).to_pylist()
+        n = len(problems)
+        images = table.column(images_key).to_pylist() if has_images else [[] for _ in range(n)]
+        videos = table.column(videos_key).to_pylist() if has_videos else [[] for _ in range(n)]
+        names = (problem_key, answer_key, images_key, videos_key)
+        others = [c for c in table.column_names if c not in names]
+        extra = table.select(others).to_pylist() if others else [{} for _ in range(n)]
+    except (pa.ArrowException, OSError, ValueError) as err:  # ValueError: e.g. bad UTF-8
+        raise ParquetSchemaError(
+            f"{path}: damaged parquet file, its data cannot be read ({err})"
+        ) from err
     for row in range(n):
         for column, value in ((problem_key, problems[row]), (answer_key, answers[row])):
             if value is None:

@@ -232,7 +232,7 @@ class VideoDataset:
         for video in paths:
             reader = _open(video)
             n_frames, rate = len(reader), float(reader.get_avg_fps())
-            shape = tuple(reader[0].shape[:2])
+            shape = tuple(_decode(reader, video, [0]).shape[1:3])  # a damaged first frame is named
             step = self._step(rate, video)
             kept = list(range(0, n_frames, step))
             _decode(reader, video, [kept[-1]])
