@@ -3,6 +3,7 @@
 import json
 import os
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -155,3 +156,22 @@ def test_frames_read_back_as_written(tmp_path, width):
     np.save(tmp_path / "a.npy", np.zeros((4, 1), np.float32))
     back = VideoDataset(tmp_path).trajectory(0).frames
     assert back.shape == frames.shape and np.abs(back.astype(int) - frames).max() <= 2
+
+
+def test_task_pretraining_cache_follows_the_videos(tmp_path):
+    """A finished pretraining run is reused only while the video files are unchanged."""
+    from dataclasses import asdict
+
+    from mmrl.tasks.worldmodel_tokens import cached_pretraining, pretrain_config
+    from mmrl.worldmodel.pretrain_data import video_keys
+
+    videos = write_episodes(tmp_path / "videos", 4)
+    cfg = pretrain_config({"data": {"videos": str(videos)}}, str(tmp_path / "cache"))
+    assert Path(cfg.output_dir).name.startswith("videos-")
+    Path(cfg.output_dir).mkdir(parents=True)
+    summary = {"config": asdict(cfg), "video_keys": video_keys(cfg)}
+    (Path(cfg.output_dir) / "pretrain_summary.json").write_text(json.dumps(summary))
+    assert cached_pretraining(cfg) is not None
+    clip = videos / "ep01.mp4"
+    os.utime(clip, ns=(clip.stat().st_atime_ns, clip.stat().st_mtime_ns + 10**9))
+    assert cached_pretraining(cfg) is None

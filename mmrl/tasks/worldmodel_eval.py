@@ -80,7 +80,7 @@ def frame_scores(
     pred: np.ndarray, truth: np.ndarray, valid: np.ndarray, env: dict | None
 ) -> dict[str, np.ndarray]:
     """Per-window scores ``[N]`` (mean over its F frames) of ``pred``/``truth`` uint8 [N, F, H, W,
-    3].
+    3], and per future step: ``psnr@t1`` .. ``psnr@tF`` (likewise each metric).
 
     Invalid windows (``valid`` False) get NaN; ``state_match`` is NaN without an env.
     """
@@ -99,7 +99,7 @@ def frame_scores(
             ("mae", mae_per_frame),
         ):
             vals = torch.cat([fn(p[i : i + 256], t[i : i + 256]) for i in range(0, n * f, 256)])
-            scores[name] = vals.reshape(n, f).mean(1).double().numpy()
+            scores[name] = vals.reshape(n, f).double().numpy()
     if env is not None:
         e = env_from_spec(env)
         match = [
@@ -108,13 +108,28 @@ def frame_scores(
                 pred.reshape(-1, *pred.shape[2:]), truth.reshape(-1, *truth.shape[2:]), strict=True
             )
         ]
-        scores["state_match"] = np.asarray(match, dtype=float).reshape(n, f).mean(1)
+        scores["state_match"] = np.asarray(match, dtype=float).reshape(n, f)
     else:
-        scores["state_match"] = np.full(n, np.nan)
-    for k in scores:
-        scores[k] = np.where(valid, scores[k], np.nan)
-    scores["valid"] = valid.astype(float)
-    return scores
+        scores["state_match"] = np.full((n, f), np.nan)
+    out = {}
+    for k, per_step in scores.items():
+        per_step = np.where(valid[:, None], per_step, np.nan)
+        out[k] = per_step.mean(1)
+        out.update({f"{k}@t{t + 1}": per_step[:, t] for t in range(f)})
+    out["valid"] = valid.astype(float)
+    return out
+
+
+def step_slopes(metrics: dict[str, float], future: int) -> dict[str, float]:
+    """Least-squares slope per future step of each metric's ``@t1 .. @tF`` means (drift)."""
+    if future < 2:
+        return {}
+    t = np.arange(1, future + 1, dtype=float)
+    out = {}
+    for name in METRICS[:-1]:
+        y = np.array([metrics.get(f"{name}@t{i}", np.nan) for i in t.astype(int)])
+        out[f"{name}/slope"] = float(np.polyfit(t, y, 1)[0]) if np.isfinite(y).all() else np.nan
+    return out
 
 
 @dataclass
@@ -147,7 +162,8 @@ def evaluate_model(
         frames, valid, _ = processor.decode_frames(responses.tolist(), tokenizer)
         first = frames if first is None else first
         per_run.append(frame_scores(frames, windows.future, valid, windows.env))
-    metrics = {k: _nanmean(np.concatenate([s[k] for s in per_run])) for k in METRICS}
+    metrics = {k: _nanmean(np.concatenate([s[k] for s in per_run])) for k in per_run[0]}
+    metrics.update(step_slopes(metrics, processor.future))
     return EvalResult(metrics, first)
 
 
@@ -246,7 +262,20 @@ def reference_rows(
         rows[name] = {
             k: _nanmean(v) for k, v in frame_scores(flat, windows.future, ok, windows.env).items()
         }
+        rows[name].update(step_slopes(rows[name], future))
     return rows
+
+
+def format_steps(rows: dict[str, dict[str, float]], future: int, metrics=("psnr", "lpips")) -> str:
+    """A Markdown table of each metric per future step t = 1..F, and its slope per step."""
+    cols = [f"{m} t={t}" for m in metrics for t in range(1, future + 1)]
+    cols += [f"{m} slope" for m in metrics] if future > 1 else []
+    lines = ["| model | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, m in rows.items():
+        vals = [m.get(f"{k}@t{t}", np.nan) for k in metrics for t in range(1, future + 1)]
+        vals += [m.get(f"{k}/slope", np.nan) for k in metrics] if future > 1 else []
+        lines.append(f"| {name} | " + " | ".join(f"{v:.4g}" for v in vals) + " |")
+    return "\n".join(lines)
 
 
 def open_trajectories(path: str | Path, num_actions: int | None = None):

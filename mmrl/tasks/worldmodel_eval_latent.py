@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from mmrl.tasks.worldmodel_eval import METRICS, EvalResult, _nanmean, frame_scores
+from mmrl.tasks.worldmodel_eval import EvalResult, _nanmean, frame_scores
 
 
 def load_latent_policy(model_dir: str | Path):
@@ -83,7 +83,7 @@ def evaluate_latent(
         first = frames if first is None else first
         per_run.append(frame_scores(frames, windows.future, ok, windows.env))
     return EvalResult(
-        {k: _nanmean(np.concatenate([s[k] for s in per_run])) for k in METRICS}, first
+        {k: _nanmean(np.concatenate([s[k] for s in per_run])) for k in per_run[0]}, first
     )
 
 

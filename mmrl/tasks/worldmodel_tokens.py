@@ -240,6 +240,11 @@ def cached_pretraining(cfg: PretrainConfig) -> dict[str, Any] | None:
             f"{path} was made with other pretraining settings (differ: {diff}); "
             "choose another task.pretrain.output_dir or delete that folder"
         )
+    from mmrl.worldmodel.pretrain_data import video_keys
+
+    if summary.get("video_keys", {}) != video_keys(cfg):
+        log.info("the videos changed since %s was pretrained: pretraining again", path.parent)
+        return None
     return summary
 
 

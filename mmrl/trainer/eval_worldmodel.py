@@ -9,6 +9,7 @@ from mmrl.tasks.worldmodel_eval import (
     check_source_fits,
     check_trajectory_length,
     evaluate_model,
+    format_steps,
     format_table,
     load_checkpoint,
     open_trajectories,
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{future} predicted\n"
     )
     print(format_table(rows))
+    print(f"\nper future step (t = 1..{future}; slope: change per step)\n")
+    print(format_steps(rows, future))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -29,7 +29,12 @@ from mmrl.utils.timing import peak_rss_gib
 from mmrl.worldmodel.data import TrajectoryDataset
 from mmrl.worldmodel.envs import frame_state_match, make_env
 from mmrl.worldmodel.frames import psnr
-from mmrl.worldmodel.pretrain_data import DataSection, encode_sequences, prepare_data
+from mmrl.worldmodel.pretrain_data import (
+    DataSection,
+    encode_sequences,
+    prepare_data,
+    video_keys,
+)
 from mmrl.worldmodel.token_lm import (
     TokenLMConfig,
     TokenWorldModelProcessor,
@@ -190,6 +195,7 @@ def pretrain_token_world_model(cfg: PretrainConfig) -> PretrainResult:
         "wall_time_s": time.perf_counter() - start,
         "peak_memory_gib": peak_rss_gib(),
         "config": asdict(cfg),
+        "video_keys": video_keys(cfg),  # a changed video folder invalidates this run
     }
     (out / "pretrain_summary.json").write_text(json.dumps(summary, indent=1))
     return PretrainResult(out, best_dir, stop_reason, steps_run, summary["best_val_loss"], summary)

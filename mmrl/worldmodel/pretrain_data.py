@@ -120,3 +120,14 @@ def encode_sequences(
             f"{f} future frames needs; use longer videos or a smaller data.context/future"
         )
     return torch.from_numpy(np.stack(rows)), torch.from_numpy(np.stack(labels))
+
+
+def video_keys(cfg: PretrainConfig) -> dict[str, str]:
+    """The current content key of each video split (file names, sizes, mtimes, options);
+    empty for environment data. Cheap: nothing is decoded."""
+    from mmrl.worldmodel.video_import import files_key, split_videos
+
+    if not cfg.data.videos:
+        return {}
+    files = split_videos(cfg.data.video_split(cfg.seed))
+    return {name: files_key(paths, cfg.data.video_options()) for name, paths in files.items()}

@@ -1,0 +1,67 @@
+"""Your own videos end to end through the CLI: pretraining, GRPO, evaluation, report."""
+
+import json
+import os
+import stat
+
+import pytest
+
+from tests.video_data import write_episodes
+
+# Small budgets shared by `mmrl pretrain-worldmodel` and the task, so `mmrl train` reuses
+# the pretraining run (the task's cache compares these settings).
+PRETRAIN = [
+    "data.future=2",
+    "tokenizer.model.block_out_channels=[8,16,16,16]",
+    "tokenizer.model.norm_num_groups=4",
+    "tokenizer.train.steps=150",
+    "tokenizer.train.batch_size=16",
+    "train.steps=300",
+    "train.val_every=100",
+    "train.val_windows=64",
+    "train.eval_windows=16",
+]
+# RL LPIPS must fall by more than this; see docs/benchmarks.md ("Your own videos") for the
+# seed-to-seed spread it is set against.
+LPIPS_MARGIN = 0.002
+
+
+def listing(folder):
+    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir())
+
+
+@pytest.mark.slow
+def test_own_videos_pretrain_grpo_eval_through_the_cli(tmp_path):
+    from mmrl.trainer.cli import main
+
+    videos = write_episodes(tmp_path / "videos", 24, t=16, shape=(48, 64))
+    before = listing(videos)
+    os.chmod(videos, stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP)  # a-w
+    pre, run = tmp_path / "pretrain", tmp_path / "run"
+    try:
+        assert main(["pretrain-worldmodel", f"data.videos={videos}", f"output_dir={pre}",
+                     "progress_bar=false", *PRETRAIN]) == 0  # fmt: skip
+        assert main([
+            "train", "task=worldmodel_videos", f"task.pretrain.data.videos={videos}",
+            f"task.pretrain.output_dir={pre}", *(f"task.pretrain.{o}" for o in PRETRAIN),
+            "data.max_response_length=96", f"trainer.output_dir={run}",
+            "trainer.progress_bar=false", "trainer.loggers=[jsonl]", "trainer.total_steps=12",
+            "trainer.test_freq=6", "trainer.seed=0", "task.val_windows=16",
+            "task.eval.windows=64", "task.eval.samples=2",
+        ]) == 0  # fmt: skip
+        test_split = pre / "data" / "test"
+        evaluate = ["eval", "--model", str(run / "actor"), "--data", str(test_split)]
+        assert main([*evaluate, "--windows", "16", "--json", str(tmp_path / "e.json")]) == 0
+    finally:
+        os.chmod(videos, stat.S_IRWXU)
+    assert listing(videos) == before  # the recordings' folder is untouched
+    layout = json.loads((run / "actor" / "worldmodel_layout.json").read_text())
+    assert layout["grid"] == [6, 8]  # 48x64 frames, 8x downsampling: 48 tokens per frame
+    table = json.loads((run / "worldmodel_eval.json").read_text())
+    rows = json.loads((tmp_path / "e.json").read_text())
+    for metrics in (table["base"]["greedy"], table["rl"]["greedy"], rows["model (greedy)"]):
+        assert all(f"{m}@t{t}" in metrics for m in ("psnr", "lpips") for t in (1, 2))
+        assert "lpips/slope" in metrics
+    base, rl = table["base"]["greedy"]["lpips"], table["rl"]["greedy"]["lpips"]
+    assert rl < base - LPIPS_MARGIN, (base, rl)
+    assert (run / "report" / "README.md").exists()
