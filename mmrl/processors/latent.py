@@ -80,6 +80,7 @@ class LatentWorldModelProcessor:
                 "context_latents": latents.reshape(m, k, *latents.shape[1:]),
                 "actions": torch.from_numpy(windows.actions),
                 "gt_frames": torch.from_numpy(windows.future),
+                "last_context_frame": torch.from_numpy(windows.context[:, -1].copy()),
                 "attention_mask": mask,
                 "position_ids": torch.arange(k).expand(m, k).clone(),
             },

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from mmrl.verifiers.repetition import DEFAULT_TAU, repetition_rate
 from mmrl.worldmodel.envs import frame_state_match, make_env
 from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
 from mmrl.worldmodel.tokenizer import VQTokenizer
@@ -77,12 +78,19 @@ def generate(
 
 
 def frame_scores(
-    pred: np.ndarray, truth: np.ndarray, valid: np.ndarray, env: dict | None
+    pred: np.ndarray,
+    truth: np.ndarray,
+    valid: np.ndarray,
+    env: dict | None,
+    last_context: np.ndarray | None = None,
+    tau: float = DEFAULT_TAU,
 ) -> dict[str, np.ndarray]:
     """Per-window scores ``[N]`` (mean over its F frames) of ``pred``/``truth`` uint8 [N, F, H, W,
     3], and per future step: ``psnr@t1`` .. ``psnr@tF`` (likewise each metric).
 
     Invalid windows (``valid`` False) get NaN; ``state_match`` is NaN without an env.
+    With ``last_context uint8 [N, H, W, 3]``, ``repetition`` is each window's repetition
+    rate (:func:`mmrl.verifiers.repetition.repetition_rate`, threshold ``tau``).
     """
     from mmrl.verifiers.image import mae_per_frame, psnr_per_frame, ssim_per_frame
     from mmrl.verifiers.lpips import lpips_per_frame
@@ -116,6 +124,13 @@ def frame_scores(
         per_step = np.where(valid[:, None], per_step, np.nan)
         out[k] = per_step.mean(1)
         out.update({f"{k}@t{t + 1}": per_step[:, t] for t in range(f)})
+    if last_context is not None:
+
+        def unit(x: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(x).float() / 255
+
+        rate = repetition_rate(unit(pred), unit(truth), unit(last_context), tau)
+        out["repetition"] = np.where(valid, rate, np.nan)
     out["valid"] = valid.astype(float)
     return out
 
@@ -150,8 +165,10 @@ def evaluate_model(
     samples: int = 1,
     seed: int = 0,
     temperature: float = 1.0,
+    tau: float = DEFAULT_TAU,
 ) -> EvalResult:
-    """Predict every window's future (``samples`` times when sampling) and score it."""
+    """Predict every window's future (``samples`` times when sampling) and score it;
+    ``tau`` is the repetition threshold."""
     from mmrl.processors.worldmodel import WorldModelPromptProcessor
 
     prompts = WorldModelPromptProcessor(processor, tokenizer).encode_windows(windows)
@@ -161,7 +178,9 @@ def evaluate_model(
         responses = generate(model, prompts, processor, greedy, temperature, seed + 7919 * r)
         frames, valid, _ = processor.decode_frames(responses.tolist(), tokenizer)
         first = frames if first is None else first
-        per_run.append(frame_scores(frames, windows.future, valid, windows.env))
+        per_run.append(
+            frame_scores(frames, windows.future, valid, windows.env, windows.context[:, -1], tau)
+        )
     metrics = {k: _nanmean(np.concatenate([s[k] for s in per_run])) for k in per_run[0]}
     metrics.update(step_slopes(metrics, processor.future))
     return EvalResult(metrics, first)
@@ -220,6 +239,7 @@ def compare_base_and_rl(
             settings.samples,
             seed,
             settings.temperature,
+            getattr(settings, "repetition_tau", DEFAULT_TAU),
         )
         table.setdefault(name, {})[decoding] = res.metrics
         if decoding == "greedy":
@@ -232,13 +252,14 @@ def format_table(rows: dict[str, dict[str, float]], title: str = "") -> str:
     head = (
         "| "
         + (title or "model")
-        + " | PSNR dB ↑ | SSIM ↑ | LPIPS ↓ | MAE ↓ | state match ↑ | valid |"
+        + " | PSNR dB ↑ | SSIM ↑ | LPIPS ↓ | MAE ↓ | state match ↑ | repeated ↓ | valid |"
     )
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for name, m in rows.items():
         lines.append(
             f"| {name} | {m['psnr']:.2f} | {m['ssim']:.4f} | {m['lpips']:.4f} | {m['mae']:.4f} | "
-            f"{m['state_match']:.3f} | {m['valid']:.2f} |"
+            f"{m['state_match']:.3f} | {m.get('repetition', float('nan')):.3f} | "
+            f"{m['valid']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -259,9 +280,8 @@ def reference_rows(
         flat = tokenizer.decode(tokenizer.encode(frames.reshape(-1, *shape, 3))).reshape(
             frames.shape
         )
-        rows[name] = {
-            k: _nanmean(v) for k, v in frame_scores(flat, windows.future, ok, windows.env).items()
-        }
+        scores = frame_scores(flat, windows.future, ok, windows.env, windows.context[:, -1])
+        rows[name] = {k: _nanmean(v) for k, v in scores.items()}
         rows[name].update(step_slopes(rows[name], future))
     return rows
 

@@ -38,6 +38,9 @@ class HeldOutEval:
     windows: int = 64  # held-out windows (fixed draw from the val trajectories)
     samples: int = 4  # sampled predictions per window (greedy uses one)
     temperature: float = 1.0
+    # A predicted frame that moves less than this (mean |pixel change| in [0, 1]) while the
+    # true frame moves more counts as repeated (mmrl.verifiers.repetition).
+    repetition_tau: float = 0.01
 
 
 @dataclass

@@ -56,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         "--num-actions", type=int, help="mp4 sidecars hold discrete action ids in [0, N)"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--tau",
+        type=float,
+        default=0.01,
+        help="repetition threshold: mean |pixel change| in [0, 1] below which a frame stands still",
+    )
     p.add_argument("--json", help="also write the metrics here")
     args = p.parse_args(argv)
     sampled = f"model (sampled x{args.samples}, T={args.temperature:g})"
@@ -88,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         windows = load_windows(source, context, future, args.windows, args.seed)
         rows = {
             "model (greedy)": evaluate_model(
-                model, processor, tokenizer, windows, True, seed=args.seed
+                model, processor, tokenizer, windows, True, seed=args.seed, tau=args.tau
             ).metrics,
             sampled: evaluate_model(
                 model,
@@ -99,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.samples,
                 args.seed,
                 args.temperature,
+                args.tau,
             ).metrics,
         }
         rows.update(reference_rows(windows, tokenizer, future))

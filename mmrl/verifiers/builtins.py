@@ -1,3 +1,11 @@
 """Importing this module registers the built-in verifiers."""
 
-from mmrl.verifiers import closed_loop, image, lpips, reasoning, state_match, text  # noqa: F401
+from mmrl.verifiers import (  # noqa: F401
+    closed_loop,
+    image,
+    lpips,
+    reasoning,
+    repetition,
+    state_match,
+    text,
+)
