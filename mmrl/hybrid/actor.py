@@ -88,6 +88,9 @@ def update_policy(
         clip_ratio_c=cfg.clip_ratio_c,
         loss_agg_mode=cfg.loss_agg_mode,
     )
+    # GSPO averages over sequences whatever loss_agg_mode says; its micro-batches are weighted
+    # by that mode, or the sum would depend on how the mini-batch is split.
+    pg_mode = loss_cfg.gspo_loss_agg_mode if cfg.policy_loss == "gspo" else cfg.loss_agg_mode
     rng = np.random.default_rng(seed)
     metrics: dict[str, list[float]] = defaultdict(list)
     model.train()
@@ -96,9 +99,12 @@ def update_policy(
         for mini in batch.split(mini_batch_size):
             optimizer.zero_grad(set_to_none=True)
             micros = mini.split(cfg.ppo_micro_batch_size)
-            for micro, weight in zip(
-                micros, micro_batch_weights(micros, cfg.loss_agg_mode), strict=True
-            ):
+            weights = zip(
+                micro_batch_weights(micros, pg_mode),
+                micro_batch_weights(micros, cfg.loss_agg_mode),
+                strict=True,
+            )
+            for micro, weight in zip(micros, weights, strict=True):
                 for key, value in _micro_step(
                     model, micro, cfg, loss_fn, loss_cfg, temperature, weight
                 ).items():
@@ -138,7 +144,9 @@ def micro_batch_weights(micros: list[Batch], loss_agg_mode: str) -> list[float]:
     return [world_size * count / max(total, 1.0) for count in counts]
 
 
-def _micro_step(model, micro, cfg, loss_fn, loss_cfg, temperature, weight) -> dict[str, float]:
+def _micro_step(model, micro, cfg, loss_fn, loss_cfg, temperature, weights) -> dict[str, float]:
+    """One micro-batch's backward; ``weights``: (policy-loss weight, weight of the other
+    terms), each the micro-batch's share of the mini-batch under its aggregation."""
     mask, valid = micro["response_mask"], micro["valid_mask"]
     log_prob, entropy = forward_response_log_probs(model, micro, temperature, with_entropy=True)
     advantages = micro["advantages"]
@@ -153,13 +161,14 @@ def _micro_step(model, micro, cfg, loss_fn, loss_cfg, temperature, weight) -> di
         config=loss_cfg,
     )
     entropy_loss = algos.agg_loss(entropy, mask, cfg.loss_agg_mode, valid_mask=valid)
-    loss = pg_loss - cfg.entropy_coeff * entropy_loss
+    pg_weight, weight = weights
+    loss = -cfg.entropy_coeff * entropy_loss
     out = {"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy_loss.item()}
     if cfg.use_kl_loss:
         kl = algos.kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type)
         kl_loss = algos.agg_loss(kl, mask, cfg.loss_agg_mode, valid_mask=valid)
         loss = loss + cfg.kl_loss_coef * kl_loss
         out.update({"actor/kl_loss": kl_loss.item(), "actor/kl_coef": cfg.kl_loss_coef})
-    (loss * weight).backward()
+    (pg_loss * pg_weight + loss * weight).backward()
     out.update({f"actor/{k}": float(v) for k, v in pg_metrics.items()})
     return out

@@ -22,15 +22,21 @@ from mmrl.config import KLControlConfig, RunConfig
 from mmrl.hybrid import WorkerGroup, build_workers
 from mmrl.processors.base import PromptProcessor
 from mmrl.protocol import Batch
-from mmrl.sampling import SamplingParams
 from mmrl.tasks import Task, get_task
 from mmrl.tasks.sft import sft_train
+from mmrl.trainer.experience import (
+    make_experience,
+    needs_reference,
+    sampling_params,
+    score,
+    step_seed,
+)
 from mmrl.trainer.guard import InvalidRateMonitor, batch_for_update
 from mmrl.trainer.metrics import compute_data_metrics
 from mmrl.trainer.tracking import Tracker
 from mmrl.utils.seed import set_seed
 from mmrl.utils.timing import peak_rss_gib, timer
-from mmrl.verifiers import VerifierOutput, VerifierRunner
+from mmrl.verifiers import VerifierRunner
 
 log = logging.getLogger(__name__)
 GROUP_ESTIMATORS = {"grpo", "rloo", "reinforce_plus_plus_baseline"}
@@ -117,61 +123,6 @@ def build_kl_controller(cfg: KLControlConfig):
     raise ValueError(f"algorithm.kl_ctrl.type={cfg.type!r}; expected 'fixed' or 'adaptive'")
 
 
-def apply_scores(
-    batch: Batch, out: VerifierOutput, cfg: RunConfig
-) -> tuple[Batch, dict[str, float]]:
-    """Place each sample's score on its last valid step (``token_level_scores`` [B, T])."""
-    scores = torch.as_tensor(out.scores, dtype=torch.float32)
-    if cfg.reward.overlong_reward == "zero":
-        scores = torch.where(batch["response_clipped"], torch.zeros_like(scores), scores)
-    elif cfg.reward.overlong_reward != "keep":
-        raise ValueError(
-            f"reward.overlong_reward={cfg.reward.overlong_reward!r}; expected 'keep' or 'zero'"
-        )
-    mask = batch["response_mask"]
-    last = (mask.sum(-1).long() - 1).clamp(min=0)
-    token_scores = torch.zeros_like(mask)
-    token_scores[torch.arange(len(batch)), last] = scores
-    batch["token_level_scores"] = token_scores * mask
-    batch["valid_mask"] = torch.as_tensor(out.valid)
-    return batch, {k: float(np.mean(v)) for k, v in out.metrics.items()}
-
-
-def score(
-    batch: Batch, processor: PromptProcessor, cfg: RunConfig, runner: VerifierRunner
-) -> tuple[Batch, dict[str, float]]:
-    """Decode responses, run the verifiers, place each score on its last valid step."""
-    batch = processor.decode(batch)
-    return apply_scores(batch, runner.run(batch), cfg)
-
-
-def sampling_params(
-    cfg: RunConfig,
-    processor: PromptProcessor,
-    seed: int,
-    validate: bool = False,
-    greedy: bool = False,
-) -> SamplingParams:
-    """Sampling as ``rollout`` (or ``rollout.val_kwargs``) says, under the processor's
-    constraints."""
-    r = cfg.actor_rollout_ref.rollout
-    params = {
-        "max_tokens": cfg.data.max_response_length,
-        "temperature": r.val_kwargs.temperature if validate else r.temperature,
-        "top_p": r.top_p,
-        "top_k": r.top_k,
-        "do_sample": (r.val_kwargs.do_sample if validate else r.do_sample) and not greedy,
-        "seed": seed,
-        **processor.sampling_overrides(),
-    }
-    return SamplingParams(**params)
-
-
-def needs_reference(cfg: RunConfig) -> bool:
-    """A KL loss or a KL reward compares the actor with the frozen reference policy."""
-    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-
-
 def rl_step(
     cfg: RunConfig,
     step: int,
@@ -182,72 +133,12 @@ def rl_step(
     kl_ctrl,
     runner: VerifierRunner,
 ) -> dict[str, float]:
-    algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
     metrics: dict[str, float] = {}
-    step_seed = cfg.trainer.seed * 1_000_003 + step
-    prompts["uid"] = np.asarray([f"{step}-{i}" for i in range(len(prompts))], dtype=object)
+    seed = step_seed(cfg, step)
     with timer("step", metrics):
-        with timer("gen", metrics):
-            batch = worker.generate_sequences(
-                prompts.repeat(n, interleave=True), sampling_params(cfg, processor, step_seed)
-            )
-        with timer("reward", metrics):  # verifiers run in the background during old log-probs
-            pending = runner.submit(processor.decode(batch))
-        baselines = None
-        if algo.adv_estimator == "remax":
-            with timer("gen_max", metrics):
-                greedy = worker.generate_sequences(
-                    prompts, sampling_params(cfg, processor, step_seed, greedy=True)
-                )
-                greedy, _ = score(greedy, processor, cfg, runner)
-                baselines = greedy["token_level_scores"].sum(-1).repeat_interleave(n)
-        with timer("old_log_prob", metrics):
-            batch["old_log_probs"] = worker.compute_log_prob(batch)
-        if algo.rollout_is:
-            batch["rollout_is_weights"], is_metrics = algos.rollout_is_weights(
-                batch["old_log_probs"],
-                batch["rollout_log_probs"],
-                batch["response_mask"],
-                algo.rollout_is,
-                algo.rollout_is_cap,
-            )
-            metrics.update(is_metrics)
-        with timer("reward", metrics):  # adds only the verifier time not hidden above
-            batch, reward_metrics = apply_scores(batch, pending.result(), cfg)
-            metrics.update(reward_metrics)
-        if needs_reference(cfg):
-            with timer("ref", metrics):
-                batch["ref_log_prob"] = worker.compute_ref_log_prob(batch)
-        if critic is not None:
-            with timer("values", metrics):
-                batch["values"] = critic.compute_values(batch)
-        with timer("adv", metrics):
-            if algo.use_kl_in_reward:
-                rewards, kl_metrics = algos.apply_kl_penalty(
-                    batch["token_level_scores"],
-                    batch["old_log_probs"],
-                    batch["ref_log_prob"],
-                    batch["response_mask"],
-                    kl_ctrl,
-                    algo.kl_penalty,
-                )
-                metrics.update(kl_metrics)
-            else:
-                rewards = batch["token_level_scores"]
-            batch["token_level_rewards"] = rewards
-            batch["advantages"], batch["returns"] = algos.get_adv_estimator(algo.adv_estimator)(
-                token_level_rewards=rewards,
-                response_mask=batch["response_mask"],
-                valid_mask=batch["valid_mask"],
-                index=batch["uid"],
-                config=algos.AdvantageConfig(
-                    gamma=algo.gamma,
-                    lam=algo.lam,
-                    norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-                ),
-                values=batch["values"] if critic is not None else None,
-                reward_baselines=baselines,
-            )
+        batch = make_experience(
+            cfg, step, prompts, worker, critic, processor, kl_ctrl, runner, metrics
+        )
         update, guard_metrics = batch_for_update(batch, cfg.trainer.skip_zero_variance_updates)
         metrics.update(guard_metrics)
         if update is None:  # nothing to learn from: no optimizer step, the lr schedule waits
@@ -260,9 +151,9 @@ def rl_step(
         else:
             if critic is not None:
                 with timer("update_critic", metrics):
-                    metrics.update(critic.update_critic(update.clone(), seed=step_seed))
+                    metrics.update(critic.update_critic(update.clone(), seed=seed))
             with timer("update_actor", metrics):
-                metrics.update(worker.update_actor(update, seed=step_seed))
+                metrics.update(worker.update_actor(update, seed=seed))
     metrics.update(compute_data_metrics(batch, metrics["timing_s/step"], metrics["timing_s/gen"]))
     return metrics
 

@@ -1,0 +1,159 @@
+"""One RL step's experience, up to the update: generate, score, log-probs, KL reward,
+importance weights, advantages (the first stages of DESIGN.md's data flow)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mmrl import algos
+from mmrl.config import RunConfig
+from mmrl.hybrid import WorkerGroup
+from mmrl.processors.base import PromptProcessor
+from mmrl.protocol import Batch
+from mmrl.sampling import SamplingParams
+from mmrl.utils.timing import timer
+from mmrl.verifiers import VerifierOutput, VerifierRunner
+
+
+def apply_scores(
+    batch: Batch, out: VerifierOutput, cfg: RunConfig
+) -> tuple[Batch, dict[str, float]]:
+    """Place each sample's score on its last valid step (``token_level_scores`` [B, T])."""
+    scores = torch.as_tensor(out.scores, dtype=torch.float32)
+    if cfg.reward.overlong_reward == "zero":
+        scores = torch.where(batch["response_clipped"], torch.zeros_like(scores), scores)
+    elif cfg.reward.overlong_reward != "keep":
+        raise ValueError(
+            f"reward.overlong_reward={cfg.reward.overlong_reward!r}; expected 'keep' or 'zero'"
+        )
+    mask = batch["response_mask"]
+    last = (mask.sum(-1).long() - 1).clamp(min=0)
+    token_scores = torch.zeros_like(mask)
+    token_scores[torch.arange(len(batch)), last] = scores
+    batch["token_level_scores"] = token_scores * mask
+    batch["valid_mask"] = torch.as_tensor(out.valid)
+    return batch, {k: float(np.mean(v)) for k, v in out.metrics.items()}
+
+
+def score(
+    batch: Batch, processor: PromptProcessor, cfg: RunConfig, runner: VerifierRunner
+) -> tuple[Batch, dict[str, float]]:
+    """Decode responses, run the verifiers, place each score on its last valid step."""
+    batch = processor.decode(batch)
+    return apply_scores(batch, runner.run(batch), cfg)
+
+
+def sampling_params(
+    cfg: RunConfig,
+    processor: PromptProcessor,
+    seed: int,
+    validate: bool = False,
+    greedy: bool = False,
+) -> SamplingParams:
+    """Sampling as ``rollout`` (or ``rollout.val_kwargs``) says, under the processor's
+    constraints."""
+    r = cfg.actor_rollout_ref.rollout
+    params = {
+        "max_tokens": cfg.data.max_response_length,
+        "temperature": r.val_kwargs.temperature if validate else r.temperature,
+        "top_p": r.top_p,
+        "top_k": r.top_k,
+        "do_sample": (r.val_kwargs.do_sample if validate else r.do_sample) and not greedy,
+        "seed": seed,
+        **processor.sampling_overrides(),
+    }
+    return SamplingParams(**params)
+
+
+def needs_reference(cfg: RunConfig) -> bool:
+    """A KL loss or a KL reward compares the actor with the frozen reference policy."""
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def step_seed(cfg: RunConfig, step: int) -> int:
+    """The sampling seed of RL step ``step``."""
+    return cfg.trainer.seed * 1_000_003 + step
+
+
+def make_experience(
+    cfg: RunConfig,
+    step: int,
+    prompts: Batch,
+    worker: WorkerGroup,
+    critic: WorkerGroup | None,
+    processor: PromptProcessor,
+    kl_ctrl,
+    runner: VerifierRunner,
+    metrics: dict[str, float],
+) -> Batch:
+    """Step ``step``'s batch up to the update: responses, scores, old and reference log-probs,
+    rewards, advantages (and values and importance weights when configured).
+
+    Timings and statistics go into ``metrics``.
+    """
+    algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
+    seed = step_seed(cfg, step)
+    prompts["uid"] = np.asarray([f"{step}-{i}" for i in range(len(prompts))], dtype=object)
+    with timer("gen", metrics):
+        batch = worker.generate_sequences(
+            prompts.repeat(n, interleave=True), sampling_params(cfg, processor, seed)
+        )
+    with timer("reward", metrics):  # verifiers run in the background during old log-probs
+        pending = runner.submit(processor.decode(batch))
+    baselines = None
+    if algo.adv_estimator == "remax":
+        with timer("gen_max", metrics):
+            greedy = worker.generate_sequences(
+                prompts, sampling_params(cfg, processor, seed, greedy=True)
+            )
+            greedy, _ = score(greedy, processor, cfg, runner)
+            baselines = greedy["token_level_scores"].sum(-1).repeat_interleave(n)
+    with timer("old_log_prob", metrics):
+        batch["old_log_probs"] = worker.compute_log_prob(batch)
+    if algo.rollout_is:
+        batch["rollout_is_weights"], is_metrics = algos.rollout_is_weights(
+            batch["old_log_probs"],
+            batch["rollout_log_probs"],
+            batch["response_mask"],
+            algo.rollout_is,
+            algo.rollout_is_cap,
+        )
+        metrics.update(is_metrics)
+    with timer("reward", metrics):  # adds only the verifier time not hidden above
+        batch, reward_metrics = apply_scores(batch, pending.result(), cfg)
+        metrics.update(reward_metrics)
+    if needs_reference(cfg):
+        with timer("ref", metrics):
+            batch["ref_log_prob"] = worker.compute_ref_log_prob(batch)
+    if critic is not None:
+        with timer("values", metrics):
+            batch["values"] = critic.compute_values(batch)
+    with timer("adv", metrics):
+        if algo.use_kl_in_reward:
+            rewards, kl_metrics = algos.apply_kl_penalty(
+                batch["token_level_scores"],
+                batch["old_log_probs"],
+                batch["ref_log_prob"],
+                batch["response_mask"],
+                kl_ctrl,
+                algo.kl_penalty,
+            )
+            metrics.update(kl_metrics)
+        else:
+            rewards = batch["token_level_scores"]
+        batch["token_level_rewards"] = rewards
+        batch["advantages"], batch["returns"] = algos.get_adv_estimator(algo.adv_estimator)(
+            token_level_rewards=rewards,
+            response_mask=batch["response_mask"],
+            valid_mask=batch["valid_mask"],
+            index=batch["uid"],
+            config=algos.AdvantageConfig(
+                gamma=algo.gamma,
+                lam=algo.lam,
+                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            ),
+            values=batch["values"] if critic is not None else None,
+            reward_baselines=baselines,
+        )
+    return batch
