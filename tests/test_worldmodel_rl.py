@@ -346,3 +346,27 @@ def test_gpu_example_composes_and_its_model_fits_its_settings():
     assert data.train_batch_size % actor.ppo_mini_batch_size == 0
     assert (actor.ppo_mini_batch_size * rollout.n) % (world * actor.ppo_micro_batch_size) == 0
     assert (data.train_batch_size * rollout.n) % world == 0
+
+
+def test_autoregressive_rollout_reports_error_per_step(grid_dir, checkpoint, tmp_path, capsys):
+    from mmrl.tasks.worldmodel_rollout import evaluate_rollout, rollout_frames
+    from mmrl.trainer.eval_worldmodel import main
+
+    model_dir, tok, proc = checkpoint
+    windows = load_windows(TrajectoryDataset(grid_dir), context=2, future=3)
+    from mmrl.worldmodel.token_lm import load_token_world_model
+
+    model, _ = load_token_world_model(model_dir)
+    pred, valid = rollout_frames(model, proc, tok, windows, horizon=3)
+    assert pred.shape == (len(windows), 3, 32, 32, 3) and valid.all()
+    rows = evaluate_rollout(model, proc, tok, TrajectoryDataset(grid_dir), horizon=3, n=4)
+    copy = rows["copy last context frame"]
+    assert all(f"psnr@t{t}" in copy for t in (1, 2, 3)) and np.isfinite(copy["psnr/slope"])
+    assert copy["psnr@t1"] >= copy["psnr@t3"]  # the truth drifts away from a frozen frame
+    with pytest.raises(ValueError, match="needs trajectories of 6 frames; the longest has 5"):
+        evaluate_rollout(model, proc, tok, TrajectoryDataset(grid_dir), horizon=4)
+    args = ["--model", str(model_dir), "--data", str(grid_dir), "--samples", "1"]
+    assert main([*args, "--horizon", "3", "--json", str(tmp_path / "r.json")]) == 0
+    assert "autoregressive rollout of 3 frames" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert "psnr@t3" in saved["rollout: model (greedy rollout)"]

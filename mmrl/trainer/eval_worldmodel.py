@@ -62,6 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0.01,
         help="repetition threshold: mean |pixel change| in [0, 1] below which a frame stands still",
     )
+    p.add_argument(
+        "--horizon",
+        type=int,
+        default=0,
+        help="also roll the token model out on its own predictions for this many frames "
+        "(e.g. 12) and report the error per step",
+    )
     p.add_argument("--json", help="also write the metrics here")
     args = p.parse_args(argv)
     sampled = f"model (sampled x{args.samples}, T={args.temperature:g})"
@@ -118,6 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     print(f"\nper future step (t = 1..{future}; slope: change per step)\n")
     print(format_steps(rows, future))
+    if args.horizon and kind == "token world model":
+        from mmrl.tasks.worldmodel_rollout import evaluate_rollout
+
+        rollout = evaluate_rollout(
+            model, processor, tokenizer, source, args.horizon, args.windows, args.seed, args.tau
+        )
+        print(f"\nautoregressive rollout of {args.horizon} frames on its own predictions\n")
+        print(format_steps(rollout, args.horizon))
+        rows.update({f"rollout: {k}": v for k, v in rollout.items()})
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
