@@ -6,21 +6,8 @@ import stat
 
 import pytest
 
-from tests.video_data import write_episodes
+from tests.video_data import EPISODES, FRAMES, PRETRAIN, SHAPE, train_args, write_episodes
 
-# Small budgets shared by `mmrl pretrain-worldmodel` and the task, so `mmrl train` reuses
-# the pretraining run (the task's cache compares these settings).
-PRETRAIN = [
-    "data.future=2",
-    "tokenizer.model.block_out_channels=[8,16,16,16]",
-    "tokenizer.model.norm_num_groups=4",
-    "tokenizer.train.steps=150",
-    "tokenizer.train.batch_size=16",
-    "train.steps=300",
-    "train.val_every=100",
-    "train.val_windows=64",
-    "train.eval_windows=16",
-]
 # RL LPIPS must fall by more than this; see docs/benchmarks.md ("Your own videos") for the
 # seed-to-seed spread it is set against.
 LPIPS_MARGIN = 0.002
@@ -34,21 +21,14 @@ def listing(folder):
 def test_own_videos_pretrain_grpo_eval_through_the_cli(tmp_path):
     from mmrl.trainer.cli import main
 
-    videos = write_episodes(tmp_path / "videos", 24, t=16, shape=(48, 64))
+    videos = write_episodes(tmp_path / "videos", EPISODES, t=FRAMES, shape=SHAPE)
     before = listing(videos)
     os.chmod(videos, stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP)  # a-w
     pre, run = tmp_path / "pretrain", tmp_path / "run"
     try:
         assert main(["pretrain-worldmodel", f"data.videos={videos}", f"output_dir={pre}",
                      "progress_bar=false", *PRETRAIN]) == 0  # fmt: skip
-        assert main([
-            "train", "task=worldmodel_videos", f"task.pretrain.data.videos={videos}",
-            f"task.pretrain.output_dir={pre}", *(f"task.pretrain.{o}" for o in PRETRAIN),
-            "data.max_response_length=96", f"trainer.output_dir={run}",
-            "trainer.progress_bar=false", "trainer.loggers=[jsonl]", "trainer.total_steps=12",
-            "trainer.test_freq=6", "trainer.seed=0", "task.val_windows=16",
-            "task.eval.windows=64", "task.eval.samples=2",
-        ]) == 0  # fmt: skip
+        assert main(train_args(videos, pre, run, seed=0)) == 0
         test_split = pre / "data" / "test"
         evaluate = ["eval", "--model", str(run / "actor"), "--data", str(test_split)]
         assert main([*evaluate, "--windows", "16", "--json", str(tmp_path / "e.json")]) == 0

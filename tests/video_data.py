@@ -8,6 +8,46 @@ import numpy as np
 
 from mmrl.worldmodel.video import write_mp4
 
+# The small recipe of the slow test and its benchmark (benchmarks/bench_worldmodel_videos.py):
+# 24 episodes of 16 frames at 48x64, F=2, a light tokenizer, 300 MLE steps, 12 GRPO steps.
+EPISODES, FRAMES, SHAPE = 24, 16, (48, 64)
+PRETRAIN = [
+    "data.future=2",
+    "tokenizer.model.block_out_channels=[8,16,16,16]",
+    "tokenizer.model.norm_num_groups=4",
+    "tokenizer.train.steps=150",
+    "tokenizer.train.batch_size=16",
+    "train.steps=300",
+    "train.val_every=100",
+    "train.val_windows=64",
+    "train.eval_windows=16",
+]
+RL = [
+    "data.max_response_length=96",
+    "trainer.progress_bar=false",
+    "trainer.loggers=[jsonl]",
+    "trainer.total_steps=12",
+    "trainer.test_freq=6",
+    "task.val_windows=16",
+    "task.eval.windows=64",
+    "task.eval.samples=2",
+]
+
+
+def train_args(videos: Path, pretrain_dir: Path, run_dir: Path, seed: int) -> list[str]:
+    """``mmrl train`` arguments of the small recipe, reusing the pretraining in
+    ``pretrain_dir`` (made by ``mmrl pretrain-worldmodel`` with the same settings)."""
+    return [
+        "train",
+        "task=worldmodel_videos",
+        f"task.pretrain.data.videos={videos}",
+        f"++task.pretrain.output_dir={pretrain_dir}",
+        *(f"++task.pretrain.{o}" for o in PRETRAIN),
+        f"trainer.output_dir={run_dir}",
+        f"trainer.seed={seed}",
+        *RL,
+    ]
+
 
 def square_episode(
     rng: np.random.Generator, t: int = 8, shape: tuple[int, int] = (48, 64)
