@@ -149,6 +149,142 @@ def test_two_fsdp_workers_update_like_one(tmp_path, tiny_model_dir, local_ray):
         two.shutdown()
 
 
+# (policy loss, aggregation mode): every mode once, every policy loss once.
+GRADIENT_CASES = [
+    ("vanilla", "token-mean"),
+    ("vanilla", "seq-mean-token-sum"),
+    ("cispo", "seq-mean-token-mean"),
+    ("cispo", "seq-mean-token-sum-norm"),
+    ("gspo", "token-mean"),  # GSPO's own sequence mean under a token-mean actor setting
+]
+
+
+@pytest.fixture(scope="module")
+def worker_pairs(tmp_path_factory, tiny_model_dir, local_ray):
+    """``{role: (one worker, two workers)}``: one actor per case, a critic and a VLM actor,
+    all on one pair of Ray processes (colocated roles) and one in-process rank."""
+    from mmrl.hybrid import CriticWorker
+    from mmrl.hybrid.ray_group import RayWorkerGroup, ResourcePool
+    from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
+
+    tmp = tmp_path_factory.mktemp("pairs")
+    # One optimizer step over the whole batch (mini-batch = batch), accumulated over
+    # micro-batches of 3 rows: [3, 3, 2] on one rank, [3, 1] on each of two. No clipping,
+    # every loss term on: the gradients must be equal, not only their signs.
+    common = (
+        "actor_rollout_ref.actor.ppo_micro_batch_size=3",
+        "actor_rollout_ref.actor.grad_clip=1e6",
+        "actor_rollout_ref.actor.entropy_coeff=0.01",
+        "actor_rollout_ref.actor.kl_loss_coef=0.1",
+        "critic.ppo_micro_batch_size=3",
+        "critic.grad_clip=1e6",
+        "critic.loss_agg_mode=seq-mean-token-mean",
+    )
+    roles = {}
+    for loss, mode in GRADIENT_CASES:
+        cfg = short_cfg(
+            tmp,
+            tiny_model_dir,
+            *common,
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            f"actor_rollout_ref.actor.policy_loss={loss}",
+            f"actor_rollout_ref.actor.loss_agg_mode={mode}",
+        )
+        roles[f"{loss}/{mode}"] = (ActorRolloutRefWorker, (cfg, tiny_model_dir, True))
+    cfg = short_cfg(tmp, tiny_model_dir, *common, "actor_rollout_ref.actor.ppo_mini_batch_size=2")
+    roles["critic"] = (CriticWorker, (cfg, tiny_model_dir))
+    vlm_dir = build_tiny_qwen2_vl(tmp / "vlm", seed=2)
+    cfg = short_cfg(
+        tmp,
+        vlm_dir,
+        *common,
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=3",  # 3 prompts x 2 samples
+        "data.max_prompt_length=64",
+    )
+    roles["vlm"] = (ActorRolloutRefWorker, (cfg, vlm_dir, True))
+
+    pairs, first = {}, None
+    for role, (cls, args) in roles.items():
+        one = LocalWorkerGroup.spawn(role, cls, *args, device_type="cpu", timeout_s=60)
+        if first is None:
+            pool = ResourcePool(1, 2, cpus_per_worker=1)
+            first = two = RayWorkerGroup.spawn(
+                pool, role, cls, *args, device_type="cpu", timeout_s=60
+            )
+        else:
+            two = first.colocate(role, cls, *args)
+        pairs[role] = (one, two)
+    pairs["vlm_dir"] = vlm_dir
+    yield pairs
+    first.shutdown()
+
+
+def assert_same_gradients(one, two) -> None:
+    (g1,), (g2, rest) = one.full_grads(), two.full_grads()
+    assert rest == {} and set(g1) == set(g2) and g1
+    scale = max(g.abs().max().item() for g in g1.values())
+    assert scale > 1e-6, "zero gradient: the comparison shows nothing"
+    for name, g in g1.items():
+        diff = (g2[name] - g).abs().max().item()
+        torch.testing.assert_close(
+            g2[name], g, rtol=1e-4, atol=1e-6 * scale, msg=f"{name}: {diff:.3g} of {scale:.3g}"
+        )
+
+
+@pytest.mark.parametrize("case", [f"{loss}/{mode}" for loss, mode in GRADIENT_CASES])
+def test_two_workers_compute_the_gradient_of_one(worker_pairs, tiny_model_dir, case):
+    """Every aggregation mode: each micro-batch's weight counts tokens (or rows) over both
+    ranks, so the sum over ranks and micro-batches is the whole batch's loss."""
+    one, two = worker_pairs[case]
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    batch = update_batch(8, vocab)
+    batch["old_log_probs"] = batch["old_log_probs"] + 0.4 * torch.randn(
+        batch["old_log_probs"].shape, generator=torch.Generator().manual_seed(5)
+    )  # ratios far enough from 1 that clipping is active
+    one.update_actor(batch.clone(), seed=1)
+    two.update_actor(batch.clone(), seed=1)
+    assert_same_gradients(one, two)
+
+
+def test_two_critic_workers_compute_the_gradient_of_one(worker_pairs, tiny_model_dir):
+    one, two = worker_pairs["critic"]
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    batch = update_batch(8, vocab)
+    values = one.compute_values(batch)
+    assert torch.allclose(two.compute_values(batch), values, atol=1e-5)
+    batch["values"] = values
+    g = torch.Generator().manual_seed(7)
+    batch["returns"] = (values + torch.randn(values.shape, generator=g)) * batch["response_mask"]
+    one.update_critic(batch.clone(), seed=1)
+    two.update_critic(batch.clone(), seed=1)
+    assert_same_gradients(one, two)
+
+
+def test_two_workers_compute_the_gradient_of_one_on_a_vlm_batch(worker_pairs):
+    """Images of different sizes, a text-only prompt, mrope positions: each rank collates its
+    own rows' visual inputs."""
+    from mmrl.config import DataConfig
+    from mmrl.processors import VisionProcessor
+    from tests.test_vlm_training import prompts
+
+    one, two = worker_pairs["vlm"]
+    proc = VisionProcessor.from_pretrained(
+        worker_pairs["vlm_dir"], DataConfig(max_prompt_length=64)
+    )
+    batch = one.generate_sequences(prompts(proc, n=2), SamplingParams(max_tokens=5, seed=3))
+    batch["old_log_probs"] = one.compute_log_prob(batch)
+    assert torch.allclose(two.compute_log_prob(batch), batch["old_log_probs"], atol=1e-5)
+    g = torch.Generator().manual_seed(9)
+    mask = batch["response_mask"]
+    batch["ref_log_prob"] = batch["old_log_probs"] + 0.1 * torch.randn(mask.shape, generator=g)
+    batch["advantages"] = torch.randn(len(batch), 1, generator=g) * mask
+    batch["valid_mask"] = torch.ones(len(batch), dtype=torch.bool)
+    one.update_actor(batch.clone(), seed=1)
+    two.update_actor(batch.clone(), seed=1)
+    assert_same_gradients(one, two)
+
+
 def test_vllm_engines_in_two_fsdp_workers_follow_every_update(tmp_path, tiny_model_dir, local_ray):
     """Each rank's in-process vLLM engine samples for its chunk; after an update the
     weights gathered from the FSDP shards are in every engine: the engines' sampling

@@ -156,6 +156,25 @@ def full_state_dict(model: nn.Module, on_every_rank: bool) -> dict[str, torch.Te
     return get_model_state_dict(model, options=options)
 
 
+def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded gradients of the last backward, by parameter name, on rank 0's CPU
+    (``{}`` on the other ranks); a collective, so every rank must call it.
+
+    One rank's gradient equals two ranks' only if every loss term is averaged over the
+    whole batch, which is what equivalence tests compare (weights after an Adam step
+    agree whenever the gradients' signs do).
+    """
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        out[name] = grad.detach().float().cpu().clone()
+    return out if dist.get_rank() == 0 else {}
+
+
 def memory_stats() -> dict[str, float]:
     """Peak resident memory of this process (GiB) and, on GPU, peak allocated GPU memory."""
     stats = {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}

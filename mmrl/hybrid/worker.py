@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from transformers import (
+    AutoConfig,
     AutoModelForTokenClassification,
     AutoProcessor,
 )
@@ -190,6 +191,11 @@ class ActorRolloutRefWorker:
         }
 
     @register(Dispatch.ALL)
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        """The last optimizer step's full gradient on rank 0's CPU; ``{}`` on the others."""
+        return fsdp.full_grads(self.model)
+
+    @register(Dispatch.ALL)
     def memory_stats(self) -> dict[str, float]:
         return fsdp.memory_stats()
 
@@ -205,8 +211,12 @@ class CriticWorker:
         mp_policy = fsdp.mixed_precision_policy(cfg.trainer.mixed_precision, self.device.type)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.trainer.seed)  # every rank draws the same fresh value head
+            # transformers puts a 0.1 dropout before the value head unless told otherwise: the
+            # value targets would then be regressed through noise the rollout values lack.
+            config = AutoConfig.from_pretrained(model_path, num_labels=1, local_files_only=True)
+            config.classifier_dropout = 0.0
             model = AutoModelForTokenClassification.from_pretrained(
-                model_path, num_labels=1, local_files_only=True
+                model_path, config=config, local_files_only=True
             ).to(self.device)
         self.model = fsdp.shard_model(model, mp_policy)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr)
@@ -228,6 +238,11 @@ class CriticWorker:
         return critic_fns.update_critic(
             self.model, self.optimizer, batch.to(self.device), self.cfg, self.mini_batch_size, seed
         )
+
+    @register(Dispatch.ALL)
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        """The last optimizer step's full gradient on rank 0's CPU; ``{}`` on the others."""
+        return fsdp.full_grads(self.model)
 
     @register(Dispatch.ALL)
     def memory_stats(self) -> dict[str, float]:
