@@ -175,3 +175,14 @@ def test_task_pretraining_cache_follows_the_videos(tmp_path):
     clip = videos / "ep01.mp4"
     os.utime(clip, ns=(clip.stat().st_atime_ns, clip.stat().st_mtime_ns + 10**9))
     assert cached_pretraining(cfg) is None
+
+
+def test_state_match_rewards_are_refused_for_recorded_video(tmp_path):
+    from mmrl.config import load_config
+    from mmrl.tasks import get_task
+
+    cfg = load_config(["task=worldmodel_tokens", f"++task.pretrain.data.videos={tmp_path}"])
+    with pytest.raises(ValueError, match=r"\['state_match'\].*use task=worldmodel_videos"):
+        get_task("worldmodel_tokens")(cfg.task).build_prompt_processor(tmp_path, cfg)
+    with pytest.raises(ValueError, match="task.pretrain.data.videos=DIR"):
+        get_task("worldmodel_videos")(load_config(["task=worldmodel_videos"]).task)

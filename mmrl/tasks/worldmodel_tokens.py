@@ -114,11 +114,7 @@ class WorldModelTokensTask(Task):
     @staticmethod
     def _check_verifiers_need_no_env(reward: Any) -> None:
         """Recorded video has no renderer to read states from: refuse state-match rewards."""
-        names = [
-            v.get("alias") or v.get("name")
-            for v in reward.verifiers
-            if v.get("name") == "state_match"
-        ]
+        names = [v.alias or v.name for v in reward.verifiers if v.name == "state_match"]
         if names:
             raise ValueError(
                 f"reward.verifiers has {names}, which reads states from a known environment's "
