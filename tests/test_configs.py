@@ -66,3 +66,22 @@ def test_the_demo_config_is_the_token_recipe_with_small_budgets():
     assert cfg.task["pretrain"]["train"]["steps"] < full.task["pretrain"]["train"].get(
         "steps", 10**9
     )
+
+
+def test_train_dry_run_validates_prints_and_trains_nothing(tmp_path, capsys):
+    from mmrl.trainer.cli import main
+
+    out_dir = tmp_path / "run"
+    assert (
+        main(
+            ["train", "--dry-run", "algorithm.adv_estimator=rloo", f"trainer.output_dir={out_dir}"]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "adv_estimator: rloo" in out and "is valid" in out
+    assert not out_dir.exists()
+    assert main(["train", "--dry-run", "--config-name", "examples/worldmodel_tokens_gpu"]) == 0
+    assert "name: vllm" in capsys.readouterr().out  # the example's rollout engine
+    with pytest.raises(Exception, match="bogus"):
+        main(["train", "--dry-run", "task.bogus=1"])

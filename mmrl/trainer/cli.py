@@ -11,6 +11,21 @@ import sys
 from mmrl.config import load_config
 
 
+def dry_run(overrides: list[str], config_name: str = "train") -> int:
+    """Compose and validate the run's config and its task's settings; print it, train nothing."""
+    from dataclasses import asdict
+
+    from omegaconf import OmegaConf
+
+    from mmrl.tasks import get_task
+
+    cfg = load_config(overrides, config_name)
+    get_task(cfg.task.get("name", ""))(cfg.task)  # the task checks its own keys
+    print(OmegaConf.to_yaml(OmegaConf.create(asdict(cfg))), end="")
+    print(f"# config {config_name!r} with {len(overrides)} override(s) is valid")
+    return 0
+
+
 def train(overrides: list[str], config_name: str = "train") -> int:
     from mmrl.trainer.fit import fit
 
@@ -83,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         default="train",
         help="a config under mmrl/configs/, e.g. examples/worldmodel_tokens_gpu",
     )
+    p_train.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="compose and validate the config, print it and exit without training",
+    )
     p_wm = sub.add_parser(
         "pretrain-worldmodel",
         help="MLE pretraining of the token world model; trailing arguments are Hydra overrides",
@@ -101,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train":
-        return train(args.overrides, args.config_name)
+        run = dry_run if args.dry_run else train
+        return run(args.overrides, args.config_name)
     if args.command == "pretrain-worldmodel":
         return pretrain_worldmodel(args.overrides)
     if args.command == "eval-vlm":
