@@ -1,6 +1,6 @@
 """Multi-seed proof that GRPO raises held-out reward on the addition task.
 
-    .venv/bin/python benchmarks/bench_text_grpo.py --seeds 0 1 2
+    .venv/bin/python -m benchmarks.bench_text_grpo --seeds 0 1 2
 
 Each seed runs the default config (SFT warm-up, then GRPO) and reports the
 held-out score before RL and at the end, with the same sampling for both.
@@ -9,10 +9,12 @@ held-out score before RL and at the end, with the same sampling for both.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 
 import numpy as np
 
+from benchmarks.results import mean_std, write_results
 from mmrl.config import load_config
 from mmrl.trainer.fit import fit
 
@@ -46,9 +48,14 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for seed, b, a, t, m in rows:
         print(f"| {seed} | {b:.3f} | {a:.3f} | {t:.0f} | {m:.2f} |")
-    print(
-        f"| mean ± std | {before.mean():.3f} ± {before.std():.3f} | {after.mean():.3f} ± "
-        f"{after.std():.3f} | | |"
+    print(f"| mean ± std (ddof=1) | {mean_std(before)} | {mean_std(after)} | | |")
+    write_results(
+        "text_grpo",
+        [
+            {"seed": s, "before": b, "after": a, "wall_time_s": t, "peak_memory_gib": m}
+            for s, b, a, t, m in rows
+        ],
+        "python -m benchmarks.bench_text_grpo " + " ".join(sys.argv[1:]),
     )
     print(
         f"\nimprovement: {np.mean(after - before):+.3f} (rose on "

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 
 import numpy as np
 
+from benchmarks.results import mean_std, write_results
 from mmrl.config import load_config
 from mmrl.trainer.fit import fit
 
@@ -87,11 +89,13 @@ def main() -> None:
             + " | ".join(f"{v:.3f}" for v in values[:7])
             + f" | {values[7]:.0f} | {values[8]:.2f} |"
         )
-    mean, std = table.mean(0), table.std(0)
-    print(
-        "| mean ± std | "
-        + " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in zip(mean[:6], std[:6], strict=True))
-        + " | | | |"
+    print("| mean ± std (ddof=1) | " + " | ".join(mean_std(c) for c in table.T[:6]) + " | | | |")
+    keys = ("before", "after", "greedy_before", "greedy_after", "format_before", "format_after")
+    keys += ("sft_final_loss", "wall_time_s", "peak_memory_gib")
+    write_results(
+        f"vlm_grpo_{args.task}",
+        [{"seed": seed, **dict(zip(keys, values, strict=True))} for seed, *values in rows],
+        "python -m benchmarks.bench_vlm_grpo " + " ".join(sys.argv[1:]),
     )
     rise = table[:, 1] - table[:, 0]
     print(f"\nimprovement: {rise.mean():+.3f} (rose on {int(np.sum(rise > 0))}/{len(rows)} seeds)")

@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
+from benchmarks.results import mean_std, write_results
 
 METRICS = (
     ("psnr", "PSNR dB ↑", 2),
@@ -55,7 +56,7 @@ def run_seed(seed: int, out: Path, overrides: list[str], pretrain_per_seed: bool
 
 def markdown(runs: dict[int, dict]) -> str:
     def cell(values: list[float], digits: int) -> str:
-        return f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
+        return mean_std(values, digits)
 
     head = "| model | decoding | " + " | ".join(name for _, name, _ in METRICS) + " |"
     lines = [head, "|---|---|" + "---|" * len(METRICS)]
@@ -104,6 +105,12 @@ def main() -> None:
     (args.out / "bench_worldmodel.md").write_text(table + "\n\n" + note + "\n")
     (args.out / "bench_worldmodel.json").write_text(
         json.dumps({"runs": runs, "note": note}, indent=1)
+    )
+    write_results(
+        "worldmodel_tokens",
+        {str(seed): run for seed, run in runs.items()},
+        "python -m benchmarks.bench_worldmodel " + " ".join(sys.argv[1:]),
+        note=note,
     )
     print(table)
     print(note)

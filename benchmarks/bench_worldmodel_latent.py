@@ -1,6 +1,6 @@
 """Multi-seed latent world-model GRPO: held-out metrics of the base and the tuned policy.
 
-    python benchmarks/bench_worldmodel_latent.py --seeds 0 1 2 [hydra overrides]
+    python -m benchmarks.bench_worldmodel_latent --seeds 0 1 2 [hydra overrides]
 
 The base (data, autoencoder, MLE-pretrained policy) is made once under
 ``task.work_dir`` and shared by every seed; each seed runs ``mmrl train
@@ -15,12 +15,14 @@ world's ``reach`` task) also runs with each model, with the true simulator and a
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from contextlib import closing
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.results import mean_std, write_results
 from mmrl.config import load_config
 from mmrl.tasks.worldmodel_latent import WorldModelLatentTask, evaluate_latent_policy
 from mmrl.trainer.fit import fit
@@ -73,11 +75,7 @@ def planner_rows(cfg, models: dict[str, str], episodes: int) -> dict[str, dict[s
 
 
 def fmt(values: list[float]) -> str:
-    return (
-        f"{np.mean(values):.4f}"
-        if len(values) == 1
-        else f"{np.mean(values):.4f} ± {np.std(values):.4f}"
-    )
+    return mean_std(values, 4)
 
 
 def main() -> None:
@@ -137,6 +135,12 @@ def main() -> None:
         for (model, decoding), runs in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             cells = " | ".join(fmt([r[k] for r in runs]) for k in KEYS)
             print(f"| {model} | {decoding} | {cells} |")
+        write_results(
+            "worldmodel_latent",
+            {f"{model} ({decoding})": runs for (model, decoding), runs in rows.items()},
+            "python -m benchmarks.bench_worldmodel_latent " + " ".join(sys.argv[1:]),
+            seeds=args.seeds,
+        )
         if args.planner_episodes:
             models = {"MLE base": str(base), "GRPO": tuned[args.seeds[0]]}
             results = planner_rows(eval_cfg, models, args.planner_episodes)

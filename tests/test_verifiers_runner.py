@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from mmrl.protocol import Batch
-from mmrl.verifiers import VerifierOutput, VerifierOutputError, VerifierRunner, register_verifier
+from mmrl.verifiers import (
+    VERIFIERS,
+    VerifierOutput,
+    VerifierOutputError,
+    VerifierRunner,
+    register_verifier,
+)
 
 # Faulty verifiers keyed on the prompt index in ``uid`` ("<step>-<prompt>"), as the fit loop sets
 # it.
@@ -111,7 +117,16 @@ def test_batched_call_that_raises_falls_back_to_per_sample_calls(faulty, caplog)
     )
 
 
-def test_nan_and_declared_invalid_mark_samples_but_only_nan_counts_as_error(faulty):
+@pytest.fixture
+def registry():
+    """Verifiers a test registers are removed after it, so the test can run again in-process."""
+    before = set(VERIFIERS)
+    yield
+    for name in set(VERIFIERS) - before:
+        del VERIFIERS[name]
+
+
+def test_nan_and_declared_invalid_mark_samples_but_only_nan_counts_as_error(faulty, registry):
     @register_verifier("test_runner_declares_invalid")
     def declares_invalid(batch: Batch) -> VerifierOutput:
         return VerifierOutput(
@@ -133,7 +148,7 @@ def test_zero_weight_verifier_is_reported_but_does_not_invalidate(faulty):
     assert out.valid.all() and out.metrics["reward/raises/errors"] == 4
 
 
-def test_wrong_number_of_scores_is_a_bug_and_raises():
+def test_wrong_number_of_scores_is_a_bug_and_raises(registry):
     register_verifier("test_runner_one_score")(lambda batch: [1.0])
     with pytest.raises(VerifierOutputError, match=r"returned 1 scores .* batch of 16"):
         VerifierRunner([("test_runner_one_score", 1.0)]).run(uid_batch())
