@@ -47,3 +47,16 @@ def test_the_verifier_and_the_evaluation_agree():
     scores = frame_scores(pred, truth, np.ones(2, bool), None, last)
     assert scores["repetition"].tolist() == [1.0, 0.0]
     assert scores["psnr@t1"].shape == (2,) and "psnr@t2" in scores
+
+
+def test_codec_error_on_the_first_frame_is_not_motion():
+    """A copy of the last frame as the tokenizer decodes it repeats, though it differs from
+    the recorded frame by the tokenizer's error."""
+    last = np.stack([moving(1)[0]])
+    truth = np.stack([moving(3)[1:]])
+    decoded = last.copy()
+    decoded[0, 20:, :] = 40  # the codec's error, larger than tau
+    copy = np.repeat(decoded[:, None], 2, axis=1)
+    unit = lambda x: torch.from_numpy(x).float() / 255  # noqa: E731
+    assert repetition_rate(unit(copy), unit(truth), unit(last))[0] == 0.5  # t=1 looks moved
+    assert repetition_rate(unit(copy), unit(truth), unit(last), last_decoded=unit(decoded))[0] == 1

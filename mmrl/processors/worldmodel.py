@@ -104,6 +104,9 @@ class WorldModelPromptProcessor:
                 "position_ids": torch.arange(input_ids.shape[1]).expand_as(input_ids).clone(),
                 "gt_frames": torch.from_numpy(np.ascontiguousarray(dataset.future)),
                 "last_context_frame": torch.from_numpy(dataset.context[:, -1].copy()),
+                "last_context_decoded": torch.from_numpy(
+                    self.tokenizer.decode(self.tokenizer.encode(dataset.context[:, -1]))
+                ),
             },
             non_tensor={k: _object_array(v) for k, v in non_tensor.items()},
             meta={"num_filtered_prompts": 0},

@@ -84,13 +84,15 @@ def frame_scores(
     env: dict | None,
     last_context: np.ndarray | None = None,
     tau: float = DEFAULT_TAU,
+    last_decoded: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Per-window scores ``[N]`` (mean over its F frames) of ``pred``/``truth`` uint8 [N, F, H, W,
     3], and per future step: ``psnr@t1`` .. ``psnr@tF`` (likewise each metric).
 
     Invalid windows (``valid`` False) get NaN; ``state_match`` is NaN without an env.
     With ``last_context uint8 [N, H, W, 3]``, ``repetition`` is each window's repetition
-    rate (:func:`mmrl.verifiers.repetition.repetition_rate`, threshold ``tau``).
+    rate (:func:`mmrl.verifiers.repetition.repetition_rate`, threshold ``tau``;
+    ``last_decoded``: that frame through the model's tokenizer).
     """
     from mmrl.verifiers.image import mae_per_frame, psnr_per_frame, ssim_per_frame
     from mmrl.verifiers.lpips import lpips_per_frame
@@ -129,7 +131,8 @@ def frame_scores(
         def unit(x: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(x).float() / 255
 
-        rate = repetition_rate(unit(pred), unit(truth), unit(last_context), tau)
+        decoded = None if last_decoded is None else unit(last_decoded)
+        rate = repetition_rate(unit(pred), unit(truth), unit(last_context), tau, decoded)
         out["repetition"] = np.where(valid, rate, np.nan)
     out["valid"] = valid.astype(float)
     return out
@@ -172,6 +175,7 @@ def evaluate_model(
     from mmrl.processors.worldmodel import WorldModelPromptProcessor
 
     prompts = WorldModelPromptProcessor(processor, tokenizer).encode_windows(windows)
+    decoded = through_tokenizer(tokenizer, windows.context[:, -1])
     runs = 1 if greedy else samples
     per_run, first = [], None
     for r in range(runs):
@@ -179,7 +183,9 @@ def evaluate_model(
         frames, valid, _ = processor.decode_frames(responses.tolist(), tokenizer)
         first = frames if first is None else first
         per_run.append(
-            frame_scores(frames, windows.future, valid, windows.env, windows.context[:, -1], tau)
+            frame_scores(
+                frames, windows.future, valid, windows.env, windows.context[:, -1], tau, decoded
+            )
         )
     metrics = {k: _nanmean(np.concatenate([s[k] for s in per_run])) for k in per_run[0]}
     metrics.update(step_slopes(metrics, processor.future))
@@ -280,10 +286,17 @@ def reference_rows(
         flat = tokenizer.decode(tokenizer.encode(frames.reshape(-1, *shape, 3))).reshape(
             frames.shape
         )
-        scores = frame_scores(flat, windows.future, ok, windows.env, windows.context[:, -1])
+        last = windows.context[:, -1]
+        decoded = through_tokenizer(tokenizer, last)
+        scores = frame_scores(flat, windows.future, ok, windows.env, last, last_decoded=decoded)
         rows[name] = {k: _nanmean(v) for k, v in scores.items()}
         rows[name].update(step_slopes(rows[name], future))
     return rows
+
+
+def through_tokenizer(tokenizer: VQTokenizer, frames: np.ndarray) -> np.ndarray:
+    """``frames uint8 [N, H, W, 3]`` encoded and decoded: how the model sees them."""
+    return tokenizer.decode(tokenizer.encode(frames))
 
 
 def format_steps(rows: dict[str, dict[str, float]], future: int, metrics=("psnr", "lpips")) -> str:

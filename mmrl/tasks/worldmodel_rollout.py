@@ -3,8 +3,8 @@
 From K true context frames, the model predicts F frames with the true actions, then
 predicts the next F from the last K frames it has (its own predictions, once the true
 context is used up), until H frames exist. The per-step scores t = 1..H and their slope
-show how fast the error grows; copying the last context frame for all H steps is the
-reference that "nothing moves" gives.
+show how fast the error grows; copying the last context frame (through the tokenizer)
+for all H steps is the reference that "nothing moves" gives.
 """
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ from typing import Any
 import numpy as np
 from transformers import PreTrainedModel
 
-from mmrl.tasks.worldmodel_eval import _nanmean, frame_scores, generate, step_slopes
+from mmrl.tasks.worldmodel_eval import (
+    _nanmean,
+    frame_scores,
+    generate,
+    step_slopes,
+    through_tokenizer,
+)
 from mmrl.verifiers.repetition import DEFAULT_TAU
 from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
 from mmrl.worldmodel.tokenizer import VQTokenizer
@@ -76,13 +82,14 @@ def evaluate_rollout(
     windows = load_windows(source, k, horizon, n, seed)
     pred, valid = rollout_frames(model, processor, tokenizer, windows, horizon)
     last = windows.context[:, -1]
-    copy = np.repeat(last[:, None], horizon, axis=1)
+    decoded = through_tokenizer(tokenizer, last)  # both rows in token space, as in mmrl eval
+    copy = np.repeat(decoded[:, None], horizon, axis=1)
     rows = {}
     for name, frames, ok in (
         ("model (greedy rollout)", pred, valid),
         ("copy last context frame", copy, np.ones(len(copy), bool)),
     ):
-        scores = frame_scores(frames, windows.future, ok, windows.env, last, tau)
+        scores = frame_scores(frames, windows.future, ok, windows.env, last, tau, decoded)
         rows[name] = {key: _nanmean(v) for key, v in scores.items()}
         rows[name].update(step_slopes(rows[name], horizon))
     return rows
