@@ -28,8 +28,9 @@ from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 from mmrl.config import RolloutConfig
 from mmrl.hybrid.actor import compute_log_probs
+from mmrl.models import get_family
 from mmrl.protocol import Batch
-from mmrl.rollout.hf import HFRollout
+from mmrl.rollout.module import ModuleRollout
 from mmrl.sampling import SamplingParams
 from mmrl.tasks.text_addition import build_char_tokenizer
 
@@ -119,7 +120,7 @@ def logprob_gap(
     which the training forward does not do.
     """
     out = engine.generate(prompts, dataclasses.replace(sampling, min_tokens=0))
-    recomputed = compute_log_probs(model, out, 16, sampling.temperature)
+    recomputed = compute_log_probs(get_family("text_lm"), model, out, 16, sampling.temperature)
     gap = (out["rollout_log_probs"] - recomputed).abs()[out["response_mask"].bool()]
     return float(gap.mean()), float(gap.max())
 
@@ -131,12 +132,17 @@ def bench_size(size: str, args, rows: list[dict], engine_rows: list[dict]) -> No
         model = build_model(size, Path(tmp))
         tokenizer = AutoTokenizer.from_pretrained(tmp)
         params = sum(p.numel() for p in model.parameters())
-        engines = {HF: HFRollout(model, tokenizer)}
+        engines = {HF: ModuleRollout(model, get_family("text_lm"), tokenizer)}
         for label in args.engines:
             cfg = RolloutConfig(name="vllm", kv_cache_memory_gib=0.5, **VLLM_ENGINES[label])
             start = time.perf_counter()
             engines[label] = VLLMRollout(
-                model, tokenizer, tmp, cfg, args.prompt_len + args.response_len
+                model,
+                get_family("text_lm"),
+                tokenizer,
+                tmp,
+                cfg,
+                args.prompt_len + args.response_len,
             )
             engine_rows.append(dict(size=size, engine=label, startup_s=time.perf_counter() - start))
         n = args.response_len

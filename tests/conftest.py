@@ -124,6 +124,7 @@ def vllm_rollouts(tiny_lm_dirs):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mmrl.config import RolloutConfig
+    from mmrl.models import get_family
     from mmrl.rollout.vllm import VLLMRollout
 
     cfg = RolloutConfig(name="vllm", dtype="float32", kv_cache_memory_gib=0.125)
@@ -132,7 +133,12 @@ def vllm_rollouts(tiny_lm_dirs):
         actor = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         engine = VLLMRollout(
-            model=actor, tokenizer=tokenizer, model_path=str(path), cfg=cfg, max_model_len=64
+            model=actor,
+            family=get_family("text_lm"),
+            tokenizer=tokenizer,
+            model_path=str(path),
+            cfg=cfg,
+            max_model_len=64,
         )
         out[kind] = (actor, tokenizer, engine)
     return out

@@ -19,7 +19,10 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from mmrl.algos import AGG_MODES, KL_PENALTIES, POLICY_LOSSES
 from mmrl.config import ActorConfig
 from mmrl.hybrid.actor import update_policy
+from mmrl.models import get_family
 from mmrl.protocol import Batch
+
+TEXT_LM = get_family("text_lm")
 
 B, P, T, V = 7, 3, 5, 24
 LENGTHS = [5, 3, 1, 4, 5, 2, 5]  # response tokens per row; row 5 is invalid below
@@ -158,6 +161,7 @@ def actor_grads(model, batch: Batch, cfg: ActorConfig) -> dict[str, torch.Tensor
     model = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     update_policy(
+        TEXT_LM,
         model,
         torch.optim.SGD(model.parameters(), lr=1.0),
         batch.clone(),
@@ -261,7 +265,14 @@ def test_ppo_epochs_take_one_step_per_epoch(model, batch):
                 p -= grads[n]
     moved = copy.deepcopy(model)
     update_policy(
-        moved, torch.optim.SGD(moved.parameters(), lr=1.0), plain.clone(), cfg, B, 1.0, seed=0
+        TEXT_LM,
+        moved,
+        torch.optim.SGD(moved.parameters(), lr=1.0),
+        plain.clone(),
+        cfg,
+        B,
+        1.0,
+        seed=0,
     )
     for (n, p), q in zip(moved.named_parameters(), by_hand.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=n)
@@ -275,6 +286,7 @@ def test_a_non_finite_gradient_skips_the_step(model, batch):
     poisoned["advantages"] = adv
     moved = copy.deepcopy(model)
     metrics = update_policy(
+        TEXT_LM,
         moved,
         torch.optim.SGD(moved.parameters(), lr=1.0),
         poisoned,

@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 
 from mmrl.hybrid.actor import compute_log_probs
+from mmrl.models import get_family
 from mmrl.processors import TextProcessor
-from mmrl.rollout.hf import HFRollout
+from mmrl.rollout.module import ModuleRollout
 from mmrl.sampling import SUPPORT_KEY, SamplingParams, restrict_logits
 from tests.conftest import save_tiny_qwen2
 
@@ -28,16 +29,20 @@ def test_recomputed_log_probs_use_the_sampled_support(tmp_path):
     sampling = SamplingParams(
         max_tokens=6, temperature=0.7, seed=0, allowed_token_ids=digits, min_tokens=4
     )
-    out = HFRollout(model, tokenizer).generate(prompts, sampling)
+    out = ModuleRollout(model, get_family("text_lm"), tokenizer).generate(prompts, sampling)
     mask = out["response_mask"].bool()
     assert set(out["responses"][mask].tolist()) <= {*digits, tokenizer.eos_token_id}
     assert out.meta[SUPPORT_KEY]["min_tokens"] == 4
 
-    recomputed = compute_log_probs(model, out, micro_batch_size=2, temperature=0.7)
+    recomputed = compute_log_probs(
+        get_family("text_lm"), model, out, micro_batch_size=2, temperature=0.7
+    )
     assert (recomputed - out["rollout_log_probs"]).abs()[mask].max() < 1e-5
     # Over the whole vocabulary they would not agree: the restriction is what matches them.
     out.meta[SUPPORT_KEY] = None
-    unrestricted = compute_log_probs(model, out, micro_batch_size=2, temperature=0.7)
+    unrestricted = compute_log_probs(
+        get_family("text_lm"), model, out, micro_batch_size=2, temperature=0.7
+    )
     assert (unrestricted - out["rollout_log_probs"]).abs()[mask].min() > 1e-2
 
 

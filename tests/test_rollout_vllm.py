@@ -14,13 +14,17 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mmrl.config import RolloutConfig, load_config
-from mmrl.hybrid.actor import MODEL_INPUTS, compute_log_probs
+from mmrl.hybrid.actor import compute_log_probs
+from mmrl.models import get_family
+from mmrl.models.text_lm import MODEL_INPUTS
 from mmrl.processors import TextProcessor
 from mmrl.protocol import Batch
-from mmrl.rollout.hf import HFRollout
+from mmrl.rollout.module import ModuleRollout
 from mmrl.sampling import SamplingParams
 from mmrl.trainer.fit import fit
 from tests.conftest import run_overrides
+
+TEXT_LM = get_family("text_lm")
 
 pytestmark = pytest.mark.slow
 LOGPROB_ATOL = 1e-4
@@ -51,7 +55,7 @@ def test_sync_matches_transformers(vllm_rollouts, kind, source):
     actor, tokenizer, engine = vllm_rollouts[kind]
     prompts, greedy = encode(tokenizer), SamplingParams(max_tokens=12, do_sample=False)
     reinit(actor, seed=len(kind) + len(source))
-    expected = HFRollout(actor, tokenizer).generate(prompts, greedy)
+    expected = ModuleRollout(actor, TEXT_LM, tokenizer).generate(prompts, greedy)
     stale = engine.generate(prompts, greedy)
     assert not torch.equal(stale["responses"], expected["responses"]), (
         "perturbation too small to test the sync"
@@ -81,9 +85,9 @@ def test_constraints_match_transformers(vllm_rollouts):
     sampling = SamplingParams(max_tokens=8, do_sample=False, allowed_token_ids=digits, min_tokens=3)
     prompts = encode(tokenizer)
     got = engine.generate(prompts, sampling)
-    expected = HFRollout(actor, tokenizer).generate(prompts, sampling)
+    expected = ModuleRollout(actor, TEXT_LM, tokenizer).generate(prompts, sampling)
     assert torch.equal(got["responses"], expected["responses"])
-    mask = got["response_mask"].bool()  # HFRollout's padded steps can hold -inf * 0 = nan
+    mask = got["response_mask"].bool()  # ModuleRollout's padded steps can hold -inf * 0 = nan
     torch.testing.assert_close(
         got["rollout_log_probs"][mask],
         expected["rollout_log_probs"][mask],
@@ -94,7 +98,7 @@ def test_constraints_match_transformers(vllm_rollouts):
     assert set(valid.tolist()) <= {*digits, tokenizer.eos_token_id}
     assert (got["response_mask"].sum(-1) >= 3).all()
     # Training recomputes them under the same restriction (recorded in the batch's meta).
-    recomputed = compute_log_probs(actor, got, micro_batch_size=8, temperature=1.0)
+    recomputed = compute_log_probs(TEXT_LM, actor, got, micro_batch_size=8, temperature=1.0)
     torch.testing.assert_close(
         recomputed[mask], got["rollout_log_probs"][mask], atol=LOGPROB_ATOL, rtol=0
     )
@@ -123,7 +127,7 @@ def test_sampled_log_probs_are_those_of_the_sampling_distribution(vllm_rollouts)
     sampling = SamplingParams(max_tokens=12, temperature=0.7, seed=11)
     out = engine.generate(prompts, sampling)
     mask = out["response_mask"]
-    recomputed = compute_log_probs(actor, out, micro_batch_size=64, temperature=0.7)
+    recomputed = compute_log_probs(TEXT_LM, actor, out, micro_batch_size=64, temperature=0.7)
     torch.testing.assert_close(
         out["rollout_log_probs"], recomputed * mask, atol=LOGPROB_ATOL, rtol=0
     )
@@ -140,7 +144,9 @@ def test_sampled_log_probs_are_those_of_the_sampling_distribution(vllm_rollouts)
     mask = top_k["response_mask"]
     expected = reference_log_probs(actor, top_k, temperature=0.7, top_k=3).where(mask.bool(), 0.0)
     torch.testing.assert_close(top_k["rollout_log_probs"], expected, atol=LOGPROB_ATOL, rtol=0)
-    untruncated = compute_log_probs(actor, top_k, micro_batch_size=64, temperature=0.7) * mask
+    untruncated = (
+        compute_log_probs(TEXT_LM, actor, top_k, micro_batch_size=64, temperature=0.7) * mask
+    )
     assert (top_k["rollout_log_probs"] - untruncated).abs().max() > 1e-2
 
 
@@ -187,10 +193,15 @@ def test_grpo_with_vllm_rollout_learns(tmp_path, warm_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(exported, local_files_only=True)
     rollout_cfg = RolloutConfig(name="vllm", dtype="float32", kv_cache_memory_gib=0.0625)
     engine = VLLMRollout(
-        model=None, tokenizer=tokenizer, model_path=str(exported), cfg=rollout_cfg, max_model_len=32
+        model=None,
+        family=TEXT_LM,
+        tokenizer=tokenizer,
+        model_path=str(exported),
+        cfg=rollout_cfg,
+        max_model_len=32,
     )
     greedy = SamplingParams(max_tokens=4, do_sample=False)
     prompts = encode(tokenizer)
     from_vllm = engine.generate(prompts, greedy)
-    from_hf = HFRollout(actor, tokenizer).generate(prompts, greedy)
+    from_hf = ModuleRollout(actor, TEXT_LM, tokenizer).generate(prompts, greedy)
     assert torch.equal(from_vllm["responses"], from_hf["responses"])

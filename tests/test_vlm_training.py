@@ -9,12 +9,15 @@ from PIL import Image
 
 from mmrl.config import ActorConfig, DataConfig
 from mmrl.hybrid import actor as actor_fns
+from mmrl.models import get_family
 from mmrl.models.freeze import freeze_modules
 from mmrl.models.responses import finish_rollout
 from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
 from mmrl.models.vlm import generate_vlm, vlm_response_log_probs
 from mmrl.processors import VisionProcessor, VisionSample, chat_prompt
 from mmrl.sampling import SamplingParams
+
+VLM = get_family("vlm")
 
 
 @pytest.fixture(scope="module")
@@ -68,14 +71,14 @@ def test_finish_rollout_extends_mrope_positions_and_shares_visual_inputs(setup):
 def test_hf_rollout_and_actor_agree_on_vlm_batches(setup):
     """generate -> the actor's recomputed log-probs, in micro-batches, equal the sampling
     log-probs."""
-    from mmrl.rollout.hf import HFRollout
+    from mmrl.rollout.module import ModuleRollout
 
     model, proc = setup
     model.eval()
-    engine = HFRollout(model=model, tokenizer=proc.tokenizer)
+    engine = ModuleRollout(model, VLM, proc.tokenizer)
     out = engine.generate(prompts(proc, n=2), SamplingParams(max_tokens=6, seed=3))
     assert out["position_ids"].shape[1] == 3 and "multi_modal_inputs" in out
-    recomputed = actor_fns.compute_log_probs(model, out, micro_batch_size=2, temperature=1.0)
+    recomputed = actor_fns.compute_log_probs(VLM, model, out, micro_batch_size=2, temperature=1.0)
     mask = out["response_mask"].bool()
     assert torch.allclose(recomputed[mask], out["rollout_log_probs"][mask], atol=1e-4)
     whole, _ = vlm_response_log_probs(model, out)
@@ -107,7 +110,7 @@ def test_freeze_modules_freezes_by_regex_and_the_update_leaves_them(setup):
     batch["valid_mask"] = torch.ones(len(batch), dtype=torch.bool)
     cfg = ActorConfig(use_kl_loss=False, ppo_micro_batch_size=2)
     actor_fns.update_policy(
-        model, optimizer, batch, cfg, mini_batch_size=len(batch), temperature=1.0, seed=0
+        VLM, model, optimizer, batch, cfg, mini_batch_size=len(batch), temperature=1.0, seed=0
     )
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and not changed & set(frozen)

@@ -14,6 +14,7 @@ from PIL import Image
 
 from mmrl.config import DataConfig
 from mmrl.hybrid import actor as actor_fns
+from mmrl.models import get_family
 from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
 from mmrl.processors import VisionProcessor, VisionSample, chat_prompt
 from mmrl.sampling import SamplingParams
@@ -35,7 +36,12 @@ def engine(tmp_path_factory):
     )
     cfg = RolloutConfig(name="vllm", dtype="float32", kv_cache_memory_gib=0.125)
     rollout = VLLMRollout(
-        model=actor, tokenizer=proc.tokenizer, model_path=str(path), cfg=cfg, max_model_len=96
+        model=actor,
+        family=get_family("vlm"),
+        tokenizer=proc.tokenizer,
+        model_path=str(path),
+        cfg=cfg,
+        max_model_len=96,
     )
     return actor, proc, rollout
 
@@ -71,7 +77,9 @@ def assert_actor_agrees(actor, rollout, batch, seed: int) -> None:
     # The vision ids travel as a short suppressed list, not as the vocabulary minus them.
     support = out.meta["sampling_support"]
     assert support["allowed_token_ids"] is None and len(support["suppressed_token_ids"]) <= 8
-    recomputed = actor_fns.compute_log_probs(actor, out, micro_batch_size=4, temperature=1.0)
+    recomputed = actor_fns.compute_log_probs(
+        get_family("vlm"), actor, out, micro_batch_size=4, temperature=1.0
+    )
     mask = out["response_mask"].bool()
     diff = (recomputed - out["rollout_log_probs"]).abs()[mask]
     assert diff.max() < 1e-4, f"vLLM and actor log-probs differ by up to {diff.max():.2e}"

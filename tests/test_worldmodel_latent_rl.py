@@ -9,13 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from mmrl.hybrid.actor import compute_log_probs, forward_response_log_probs
+from mmrl.hybrid.actor import compute_log_probs
+from mmrl.models import get_family, policy_family
 from mmrl.models.latent_policy import AUTOENCODER_DIR, GaussianLatentPolicy, LatentPolicyConfig
 from mmrl.protocol import Batch
 from mmrl.rollout import get_rollout
 from mmrl.sampling import SamplingParams
 from tests.conftest import run_overrides
 
+LATENT = get_family("latent")
 CFG = LatentPolicyConfig(latent_channels=4, latent_size=8, context=2, action_dim=2, hidden=16)
 
 
@@ -45,7 +47,7 @@ def sampling(f: int = 3, **kw) -> SamplingParams:
 def test_latent_rollout_samples_autoregressively_with_exact_log_densities():
     policy = random_policy()
     engine = get_rollout("latent")(
-        model=policy, tokenizer=None, model_path="", cfg=None, max_model_len=0
+        model=policy, family=LATENT, tokenizer=None, model_path="", cfg=None, max_model_len=0
     )
     batch = prompts()
     out = engine.generate(batch, sampling(temperature=0.7))
@@ -64,9 +66,9 @@ def test_latent_rollout_samples_autoregressively_with_exact_log_densities():
         )
         assert torch.allclose(out["rollout_log_probs"][:, f], ref, rtol=1e-5, atol=1e-3)
     # The actor's recomputation (teacher-forced, all steps in one forward) agrees.
-    recomputed = compute_log_probs(policy, out, micro_batch_size=2, temperature=0.7)
+    recomputed = compute_log_probs(LATENT, policy, out, micro_batch_size=2, temperature=0.7)
     assert (recomputed - out["rollout_log_probs"]).abs().max() < 1e-3
-    _, entropy = forward_response_log_probs(policy, out, 0.7, with_entropy=True)
+    _, entropy = LATENT.response_log_probs(policy, out, 0.7, with_entropy=True)
     _, log_std = policy.step_distributions(batch["context_latents"], batch["actions"], z)
     expected = (
         torch.distributions.Normal(torch.zeros_like(log_std), 0.7 * log_std.exp())
@@ -83,7 +85,7 @@ def test_latent_rollout_samples_autoregressively_with_exact_log_densities():
 
 
 def test_action_count_mismatch_is_a_clear_error():
-    engine = get_rollout("latent")(model=random_policy())
+    engine = get_rollout("latent")(model=random_policy(), family=LATENT)
     with pytest.raises(ValueError, match=r"needs actions \[B, 5, A\], found \[3, 4, 2\]"):
         engine.generate(prompts(f=3), sampling(f=4))
 
@@ -96,15 +98,14 @@ def test_policy_shards_with_fsdp2_and_saves_with_its_autoencoder(tmp_path):
     random_policy().save_pretrained(source)
     (source / AUTOENCODER_DIR).mkdir()
     (source / AUTOENCODER_DIR / "config.json").write_text("{}")
-    from mmrl.models.loading import load_policy
-
-    policy, tokenizer = load_policy(source)
-    assert tokenizer is None
+    family = policy_family(source)
+    assert family is LATENT and family.load_tokenizer(source) is None
+    policy = family.load(source)
     plain = GaussianLatentPolicy.from_pretrained(source)
     sharded = fsdp.shard_model(policy, None)
-    out = get_rollout("latent")(model=plain).generate(prompts(), sampling())
+    out = get_rollout("latent")(model=plain, family=LATENT).generate(prompts(), sampling())
     assert torch.allclose(
-        compute_log_probs(sharded, out, 8, 1.0), out["rollout_log_probs"], atol=1e-3
+        compute_log_probs(LATENT, sharded, out, 8, 1.0), out["rollout_log_probs"], atol=1e-3
     )
     state = fsdp.full_state_dict(sharded, on_every_rank=False)
     sharded.save_pretrained(tmp_path / "saved", state_dict=state)

@@ -1,7 +1,8 @@
-"""The policy side of a PPO step: per-token log-probs and the actor update.
+"""The policy side of a PPO step: per-step log-probs and the actor update.
 
-These functions take a plain ``nn.Module``; the worker decides how it is
-wrapped (in-process, FSDP) and where it runs.
+These functions take a plain ``nn.Module`` and its :class:`~mmrl.models.PolicyFamily`,
+which scores the response steps; the worker decides how the module is wrapped
+(in-process, FSDP) and where it runs.
 """
 
 from __future__ import annotations
@@ -15,59 +16,26 @@ from torch import nn
 
 from mmrl import algos
 from mmrl.config import ActorConfig
+from mmrl.models import PolicyFamily
 from mmrl.protocol import Batch
-from mmrl.sampling import SUPPORT_KEY, restrict_logits
-
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
-
-
-def forward_response_log_probs(
-    model: nn.Module, batch: Batch, temperature: float, with_entropy: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [b, T] of ``batch["responses"]`` under ``model`` (and entropy [b, T]).
-
-    Logits are divided by ``temperature`` so they describe the same distribution
-    the rollout sampled from. A policy whose steps are not tokens (a latent policy)
-    defines ``response_log_probs(batch, temperature, with_entropy)`` with the same
-    contract, and is called instead. A VLM batch (``multi_modal_inputs``, mrope
-    ``position_ids`` [b, 3, L]) goes through
-    :func:`~mmrl.models.vlm.vlm_response_log_probs`, which collates this
-    micro-batch's visual inputs.
-    """
-    own = getattr(model, "response_log_probs", None)
-    if own is not None:
-        return own(batch, temperature, with_entropy)
-    if "multi_modal_inputs" in batch:
-        from mmrl.models.vlm import vlm_response_log_probs
-
-        return vlm_response_log_probs(model, batch, temperature, with_entropy)
-    responses = batch["responses"]
-    logits = model(**{k: batch[k] for k in MODEL_INPUTS}, use_cache=False).logits
-    # The logit at position i predicts token i + 1: the last T+1..1 positions score the response.
-    logits = logits[:, -responses.shape[1] - 1 : -1].float() / temperature
-    # Under the same token restrictions the rollout sampled with (allowed ids, min length).
-    logits = restrict_logits(logits, batch.meta.get(SUPPORT_KEY))
-    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-    entropy = algos.entropy_from_logits(logits) if with_entropy else None
-    return log_probs, entropy
 
 
 @torch.no_grad()
 def compute_log_probs(
-    model: nn.Module, batch: Batch, micro_batch_size: int, temperature: float
+    family: PolicyFamily, model: nn.Module, batch: Batch, micro_batch_size: int, temperature: float
 ) -> torch.Tensor:
     """Log-probs [B, T] of the responses, computed in micro-batches without gradients."""
     was_training = model.training
     model.eval()
     parts = [
-        forward_response_log_probs(model, mb, temperature)[0]
-        for mb in batch.split(micro_batch_size)
+        family.response_log_probs(model, mb, temperature)[0] for mb in batch.split(micro_batch_size)
     ]
     model.train(was_training)
     return torch.cat(parts, dim=0)
 
 
 def update_policy(
+    family: PolicyFamily,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     batch: Batch,
@@ -106,7 +74,7 @@ def update_policy(
             )
             for micro, weight in zip(micros, weights, strict=True):
                 for key, value in _micro_step(
-                    model, micro, cfg, loss_fn, loss_cfg, temperature, weight
+                    family, model, micro, cfg, loss_fn, loss_cfg, temperature, weight
                 ).items():
                     metrics[key].append(value)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -144,11 +112,13 @@ def micro_batch_weights(micros: list[Batch], loss_agg_mode: str) -> list[float]:
     return [world_size * count / max(total, 1.0) for count in counts]
 
 
-def _micro_step(model, micro, cfg, loss_fn, loss_cfg, temperature, weights) -> dict[str, float]:
+def _micro_step(
+    family, model, micro, cfg, loss_fn, loss_cfg, temperature, weights
+) -> dict[str, float]:
     """One micro-batch's backward; ``weights``: (policy-loss weight, weight of the other
     terms), each the micro-batch's share of the mini-batch under its aggregation."""
     mask, valid = micro["response_mask"], micro["valid_mask"]
-    log_prob, entropy = forward_response_log_probs(model, micro, temperature, with_entropy=True)
+    log_prob, entropy = family.response_log_probs(model, micro, temperature, with_entropy=True)
     advantages = micro["advantages"]
     if "rollout_is_weights" in micro:  # weights > 0, so this scales each token's clipped loss term
         advantages = advantages * micro["rollout_is_weights"]

@@ -10,26 +10,24 @@ from torch import nn
 
 from mmrl import algos
 from mmrl.config import CriticConfig
-from mmrl.hybrid.actor import MODEL_INPUTS, micro_batch_weights
+from mmrl.hybrid.actor import micro_batch_weights
+from mmrl.models import PolicyFamily
 from mmrl.protocol import Batch
 
 
-def forward_values(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """Values [b, T] for each response step (the state before the step's token)."""
-    num_steps = batch["responses"].shape[1]
-    scores = model(**{k: batch[k] for k in MODEL_INPUTS}, use_cache=False).logits
-    return scores[:, -num_steps - 1 : -1, 0].float()
-
-
 @torch.no_grad()
-def compute_values(model: nn.Module, batch: Batch, micro_batch_size: int) -> torch.Tensor:
+def compute_values(
+    family: PolicyFamily, model: nn.Module, batch: Batch, micro_batch_size: int
+) -> torch.Tensor:
+    """Values [B, T] of the response steps (the state before each step), 0 where masked."""
     model.eval()
-    values = torch.cat([forward_values(model, mb) for mb in batch.split(micro_batch_size)])
+    values = torch.cat([family.values(model, mb) for mb in batch.split(micro_batch_size)])
     model.train()
     return values * batch["response_mask"]
 
 
 def update_critic(
+    family: PolicyFamily,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     batch: Batch,
@@ -49,7 +47,7 @@ def update_critic(
             for micro, weight in zip(
                 micros, micro_batch_weights(micros, cfg.loss_agg_mode), strict=True
             ):
-                vpreds = forward_values(model, micro)
+                vpreds = family.values(model, micro)
                 loss, loss_metrics = algos.compute_value_loss(
                     vpreds=vpreds,
                     returns=micro["returns"],

@@ -18,19 +18,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from transformers import (
-    AutoConfig,
-    AutoModelForTokenClassification,
-    AutoProcessor,
-)
 
 from mmrl.config import RunConfig
 from mmrl.hybrid import actor as actor_fns
 from mmrl.hybrid import critic as critic_fns
 from mmrl.hybrid import fsdp
 from mmrl.hybrid.dispatch import Dispatch, register
+from mmrl.models import policy_family
 from mmrl.models.freeze import freeze_modules
-from mmrl.models.loading import load_policy
 from mmrl.protocol import Batch
 from mmrl.rollout import get_rollout
 from mmrl.sampling import SamplingParams
@@ -68,13 +63,11 @@ class ActorRolloutRefWorker:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = fsdp.device()
         mp_policy = fsdp.mixed_precision_policy(cfg.trainer.mixed_precision, self.device.type)
-        model, self.tokenizer = load_policy(model_path, arr.model.dtype)
-        model = model.to(self.device)
-        # A VLM checkpoint also carries its image/video processor; saved checkpoints keep it.
-        is_vlm = getattr(getattr(model, "config", None), "vision_config", None) is not None
-        self.processor = (
-            AutoProcessor.from_pretrained(model_path, local_files_only=True) if is_vlm else None
-        )
+        self.model_path = Path(model_path)
+        # Chosen once from the checkpoint's files; everything kind-specific goes through it.
+        self.family = policy_family(model_path)
+        model = self.family.load(self.model_path, arr.model.dtype).to(self.device)
+        self.tokenizer = self.family.load_tokenizer(self.model_path)
         ref = copy.deepcopy(model).eval().requires_grad_(False) if need_ref else None
         freeze_modules(model, arr.actor.freeze_modules)
         self.model = fsdp.shard_model(model, mp_policy)
@@ -95,6 +88,7 @@ class ActorRolloutRefWorker:
         )
         self.rollout = get_rollout(arr.rollout.name)(
             model=self.model,
+            family=self.family,
             tokenizer=self.tokenizer,
             model_path=str(model_path),
             cfg=arr.rollout,
@@ -121,6 +115,7 @@ class ActorRolloutRefWorker:
         """Log-probs [b, T] of the responses under the current actor."""
         rollout = self.cfg.actor_rollout_ref.rollout
         return actor_fns.compute_log_probs(
+            self.family,
             self.model,
             batch.to(self.device),
             rollout.log_prob_micro_batch_size,
@@ -134,6 +129,7 @@ class ActorRolloutRefWorker:
             raise RuntimeError("the reference policy was not built; enable a KL loss or KL reward")
         arr = self.cfg.actor_rollout_ref
         return actor_fns.compute_log_probs(
+            self.family,
             self.ref_model,
             batch.to(self.device),
             arr.ref.log_prob_micro_batch_size,
@@ -147,6 +143,7 @@ class ActorRolloutRefWorker:
         """
         arr = self.cfg.actor_rollout_ref
         metrics = actor_fns.update_policy(
+            self.family,
             self.model,
             self.optimizer,
             batch.to(self.device),
@@ -172,14 +169,12 @@ class ActorRolloutRefWorker:
 
     @register(Dispatch.ALL)
     def save_pretrained(self, path: str | Path) -> Path:
-        """Write the actor as a directory that transformers (and vLLM) can load; rank 0 writes."""
+        """Write the actor as a folder its family loads (for a transformers model, one vLLM
+        serves too); rank 0 writes."""
         path = Path(path)
         state = fsdp.full_state_dict(self.model, on_every_rank=False)
         if self.rank == 0:
-            self.model.save_pretrained(path, state_dict=state, safe_serialization=True)
-            files = self.processor or self.tokenizer  # a latent policy has neither
-            if files is not None:
-                files.save_pretrained(path)
+            self.family.save(self.model, path, state, source=self.model_path)
         return path
 
     @register(Dispatch.ALL)
@@ -201,23 +196,18 @@ class ActorRolloutRefWorker:
 
 
 class CriticWorker:
-    """A value model initialised from the actor's weights with a fresh scalar head, trained with
-    FSDP2.
+    """A value model initialised from the actor's weights with a fresh scalar head (built by the
+    policy's family), trained with FSDP2.
     """
 
     def __init__(self, cfg: RunConfig, model_path: str | Path) -> None:
         self.cfg = cfg.critic
         self.device = fsdp.device()
         mp_policy = fsdp.mixed_precision_policy(cfg.trainer.mixed_precision, self.device.type)
+        self.family = policy_family(model_path)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.trainer.seed)  # every rank draws the same fresh value head
-            # transformers puts a 0.1 dropout before the value head unless told otherwise: the
-            # value targets would then be regressed through noise the rollout values lack.
-            config = AutoConfig.from_pretrained(model_path, num_labels=1, local_files_only=True)
-            config.classifier_dropout = 0.0
-            model = AutoModelForTokenClassification.from_pretrained(
-                model_path, config=config, local_files_only=True
-            ).to(self.device)
+            model = self.family.load_critic(Path(model_path)).to(self.device)
         self.model = fsdp.shard_model(model, mp_policy)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr)
         self.mini_batch_size = local_mini_batch_size(
@@ -230,13 +220,19 @@ class CriticWorker:
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """Values [b, T] of the response steps."""
         return critic_fns.compute_values(
-            self.model, batch.to(self.device), self.cfg.ppo_micro_batch_size
+            self.family, self.model, batch.to(self.device), self.cfg.ppo_micro_batch_size
         ).cpu()
 
     @register(Dispatch.DP_UPDATE)
     def update_critic(self, batch: Batch, seed: int) -> dict[str, float]:
         return critic_fns.update_critic(
-            self.model, self.optimizer, batch.to(self.device), self.cfg, self.mini_batch_size, seed
+            self.family,
+            self.model,
+            self.optimizer,
+            batch.to(self.device),
+            self.cfg,
+            self.mini_batch_size,
+            seed,
         )
 
     @register(Dispatch.ALL)

@@ -49,10 +49,10 @@ class ConvBody(nn.Sequential):
 class GaussianLatentPolicy(nn.Module):
     """``p(z[K] | z[0:K], a[0:K]) = N(mean, diag(std^2))`` with ``mean`` a residual on ``z[K-1]``.
 
-    RL hooks: :meth:`response_log_probs` scores a rollout's latents (the actor calls it
-    instead of the LM path), ``_no_split_modules`` names the block FSDP2 shards, and
-    :meth:`save_pretrained` / :meth:`from_pretrained` read and write a folder that the
-    worker loads (``latent_policy.json`` marks it).
+    RL hooks (used by :class:`~mmrl.models.latent_family.LatentFamily`):
+    :meth:`response_log_probs` scores a rollout's latents, ``_no_split_modules`` names the
+    block FSDP2 shards, and :meth:`save_pretrained` / :meth:`from_pretrained` read and
+    write a folder that the worker loads (``latent_policy.json`` marks it).
     """
 
     _no_split_modules = ("ConvBody",)
@@ -109,14 +109,19 @@ class GaussianLatentPolicy(nn.Module):
         actions: torch.Tensor,
         greedy: bool = False,
         generator: torch.Generator | None = None,
+        temperature: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A next latent ``[B, C, h, w]`` (the mean if ``greedy``) and its log-density ``[B]``."""
+        """A next latent ``[B, C, h, w]`` and its log-density ``[B]``.
+
+        ``temperature`` scales the standard deviation. ``greedy`` returns the mean and the
+        log-density of the untempered Gaussian there. The noise is drawn on the CPU from
+        ``generator``, so a seed gives the same sample on any device.
+        """
         mean, log_std = self(context, actions)
-        noise = (
-            torch.zeros_like(mean)
-            if greedy
-            else torch.randn(mean.shape, generator=generator).to(mean.device)
-        )
+        if greedy:
+            return mean, gaussian_log_prob(mean, mean, log_std)
+        log_std = log_std + math.log(temperature)
+        noise = torch.randn(mean.shape, generator=generator).to(mean.device)
         z = mean + noise * log_std.exp()
         return z, gaussian_log_prob(z, mean, log_std)
 
@@ -127,7 +132,7 @@ class GaussianLatentPolicy(nn.Module):
 
         Teacher-forced: step ``f`` is scored given the K latents before it (context
         latents, then the batch's own earlier response latents) and ``actions[:, f:f+K]``,
-        exactly as :class:`~mmrl.rollout.latent.LatentRollout` sampled it. ``temperature``
+        exactly as :class:`~mmrl.models.latent_family.LatentFamily` sampled it. ``temperature``
         scales the standard deviation. Entropy is the Gaussian's, summed over dims.
         """
         mean, log_std = self.step_distributions(
@@ -192,11 +197,6 @@ class GaussianLatentPolicy(nn.Module):
         policy.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
         policy.name_or_path = str(path)
         return policy
-
-
-def is_latent_policy_dir(path: str | Path) -> bool:
-    """Whether ``path`` is a folder written by :meth:`GaussianLatentPolicy.save_pretrained`."""
-    return (Path(path) / CONFIG_FILE).is_file()
 
 
 def gaussian_log_prob(z: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:

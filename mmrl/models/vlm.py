@@ -1,4 +1,4 @@
-"""Model calls on VLM batches: logits and response log-probs for training, and HF generation.
+"""The VLM family, and model calls on VLM batches: log-probs for training, HF generation.
 
 Batches follow the layout of :mod:`mmrl.processors.vision`: ``input_ids`` and
 ``attention_mask`` [B, L], mrope ``position_ids`` [B, 3, L] and non-tensor
@@ -8,11 +8,17 @@ Batches follow the layout of :mod:`mmrl.processors.vision`: ``input_ids`` and
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from mmrl import algos
+from mmrl.models.family import PolicyFamily, VLLMServing, register_family
 from mmrl.models.responses import finish_rollout, generated_responses
+from mmrl.models.text_lm import TextLMFamily, has_vision_tower
 from mmrl.models.vlm_inputs import (
     MODEL_VISUAL_KEYS,
     check_vision_tokens,
@@ -22,11 +28,8 @@ from mmrl.models.vlm_inputs import (
 from mmrl.protocol import Batch
 from mmrl.sampling import SUPPORT_KEY, SamplingParams, restrict_logits
 
-
-def is_vlm(model: nn.Module) -> bool:
-    """A Qwen-VL style model: its config names an image placeholder token and a vision tower."""
-    config = getattr(model, "config", None)
-    return getattr(config, "image_token_id", None) is not None and hasattr(config, "vision_config")
+# Config fields naming the vision tokens: the two placeholders first, then start and end.
+VISION_TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 
 
 def _vision_ids(model: nn.Module) -> tuple[int, int, int]:
@@ -47,8 +50,9 @@ def suppressed_token_ids(model: nn.Module) -> list[int]:
     so rollout and training describe the same distribution.
     """
     config = model.config
-    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-    return sorted({int(getattr(config, n)) for n in names if getattr(config, n, None) is not None})
+    return sorted(
+        {int(getattr(config, n)) for n in VISION_TOKENS if getattr(config, n, None) is not None}
+    )
 
 
 def check_responses(model: nn.Module, batch: Batch) -> None:
@@ -183,3 +187,59 @@ def generate_vlm(
 
     # Extends the mrope positions; multi_modal_inputs are carried by reference.
     return finish_rollout(prompts, responses, log_probs, stop_ids, pad_token_id)
+
+
+@register_family("vlm")
+class VLMFamily(TextLMFamily):
+    """A Qwen-VL style ``save_pretrained`` folder: the config has a vision tower, and the
+    image/video processor is saved beside the weights.
+
+    A batch without ``multi_modal_inputs`` (text prompts, 1-D positions) takes the text
+    LM's path, so a VLM checkpoint also trains on a text task.
+    """
+
+    auto_class = AutoModelForImageTextToText
+    # transformers has no token-classification head for these configs: no critic (GAE).
+    has_critic = False
+    load_critic = PolicyFamily.load_critic
+    values = PolicyFamily.values
+
+    def detect(self, path: Path) -> bool:
+        return (path / "config.json").is_file() and has_vision_tower(path)
+
+    def describe(self) -> str:
+        return "a transformers save_pretrained folder whose config.json has a vision_config"
+
+    def save(
+        self, model: nn.Module, path: Path, state_dict: dict[str, torch.Tensor], source: Path
+    ) -> None:
+        model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
+        # The processor (image/video settings and the tokenizer) travels with the weights.
+        AutoProcessor.from_pretrained(source, local_files_only=True).save_pretrained(path)
+
+    def response_log_probs(
+        self, model: nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if "multi_modal_inputs" not in batch:
+            return super().response_log_probs(model, batch, temperature, with_entropy)
+        return vlm_response_log_probs(model, batch, temperature, with_entropy)
+
+    def generate(
+        self, model: nn.Module, prompts: Batch, sampling: SamplingParams, tokenizer: Any
+    ) -> Batch:
+        if "multi_modal_inputs" not in prompts:
+            return super().generate(model, prompts, sampling, tokenizer)
+        eos_id, pad_id = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
+        return generate_vlm(model, prompts, sampling, eos_id, pad_id)
+
+    def vllm_serving(self, path: Path, tokenizer: Any) -> VLLMServing:
+        """Vision tokens and padded vocabulary rows (ids past the tokenizer's) are never
+        sampled; image/video placeholders are expanded by vLLM's processor."""
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        if getattr(config, "image_token_id", None) is None:
+            return VLLMServing()
+        ids = {n: getattr(config, n, None) for n in VISION_TOKENS}
+        vision = {int(i) for i in ids.values() if i is not None}
+        padded = range(len(tokenizer), config.get_text_config().vocab_size)
+        placeholders = tuple(int(ids[n]) for n in VISION_TOKENS[:2] if ids[n] is not None)
+        return VLLMServing(placeholders, tuple(sorted({*vision, *padded})), multimodal=True)

@@ -3,7 +3,7 @@
 A prompt is one window of a trajectory: K context frames, the K+F-1 actions that lead
 to its last future frame, and the F true future frames (the verifiers' targets). The
 processor encodes the context frames with the latent autoencoder; the latent rollout
-engine (:mod:`mmrl.rollout.latent`) samples F future latents; :meth:`decode` turns them
+engine (:mod:`mmrl.models.latent_family`) samples F future latents; :meth:`decode` turns them
 back into frames for the frame verifiers.
 """
 

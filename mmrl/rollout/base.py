@@ -13,8 +13,9 @@ from mmrl.sampling import SamplingParams
 
 class RolloutEngine(Protocol):
     """A generation backend. Engines are built as
-    ``engine_cls(model=actor_module, tokenizer=tokenizer, model_path=path, cfg=RolloutConfig,
-    max_model_len=prompt + response length)`` and may ignore what they do not need.
+    ``engine_cls(model=actor_module, family=PolicyFamily, tokenizer=tokenizer, model_path=path,
+    cfg=RolloutConfig, max_model_len=prompt + response length)`` and may ignore what they do
+    not need; what depends on the model kind they ask the family.
     """
 
     def sync_weights(self, model: torch.nn.Module) -> None:

@@ -10,13 +10,15 @@ import dataclasses
 import os
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
-from transformers import AutoConfig, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from mmrl.config import RolloutConfig
+from mmrl.models import PolicyFamily, VLLMServing
 from mmrl.models.responses import finish_rollout
 from mmrl.processors.media import load_image, read_video
 from mmrl.protocol import Batch
@@ -52,12 +54,14 @@ class VLLMRollout:
 
     The engine is built with ``logprobs_mode="processed_logprobs"`` so that the
     log-prob of each sampled token comes from the distribution it was drawn from
-    (temperature, top-k and top-p applied), the same as :class:`HFRollout`.
+    (temperature, top-k and top-p applied), the same as the ``hf`` engine
+    (:class:`~mmrl.rollout.module.ModuleRollout`).
     """
 
     def __init__(
         self,
         model: nn.Module | None,
+        family: PolicyFamily,
         tokenizer: PreTrainedTokenizerBase,
         model_path: str,
         cfg: RolloutConfig,
@@ -75,9 +79,7 @@ class VLLMRollout:
                 f"{sorted(NAME_DTYPES)}"
             )
         self.dtype = NAME_DTYPES[dtype]
-        self.vision = VisionPrompts.from_config(
-            AutoConfig.from_pretrained(model_path, local_files_only=True), len(tokenizer)
-        )
+        self.served = ServedPrompts(family.vllm_serving(Path(model_path), tokenizer))
         kv_bytes = int(cfg.kv_cache_memory_gib * 2**30) if cfg.kv_cache_memory_gib else None
         set_num_threads = torch.set_num_threads
         self.llm = vllm.LLM(
@@ -115,7 +117,7 @@ class VLLMRollout:
         self.llm.collective_rpc(_reload_weights, args=(_cast(weights, self.dtype),))
         # Cached prefix KV blocks were computed with the old weights.
         self.llm.reset_prefix_cache()
-        if self.vision is not None:  # and so were the cached image embeddings (by image hash)
+        if self.served.serving.multimodal:  # and so were the cached image embeddings
             self.llm.llm_engine.reset_encoder_cache()
 
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
@@ -123,18 +125,13 @@ class VLLMRollout:
         (sampled tokens, stop tokens included) and ``meta["rollout_time_s"]`` (engine time)."""
         token_ids = self._prompt_token_ids(prompts, sampling.max_tokens)
         stop_ids = {self.eos_token_id, *sampling.stop_token_ids}
-        suppressed = self.vision.suppressed_token_ids if self.vision is not None else ()
+        suppressed = self.served.serving.suppressed_token_ids
         params = self._request_params(sampling, stop_ids, len(token_ids), suppressed)
-        requests = (
-            self.vision.requests(prompts, token_ids)
-            if self.vision is not None
-            else [TokensPrompt(prompt_token_ids=ids) for ids in token_ids]
-        )
+        requests = self.served.requests(prompts, token_ids)
         start = time.perf_counter()
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         elapsed_s = time.perf_counter() - start
-        if self.vision is not None:
-            self.vision.check_expansion(outputs, token_ids)
+        self.served.check_expansion(outputs, token_ids)
 
         shape = (len(outputs), sampling.max_tokens)
         responses = torch.full(shape, self.pad_token_id, dtype=torch.long)
@@ -185,7 +182,7 @@ class VLLMRollout:
         allowed list would carry the whole vocabulary.
         """
         allowed = None
-        if sampling.allowed_token_ids is not None:  # masked before temperature, as in HFRollout
+        if sampling.allowed_token_ids is not None:  # masked before temperature, as in ``hf``
             allowed = sorted({*sampling.allowed_token_ids, *stop_ids})
         bias = {int(i): -100.0 for i in suppressed} or None
         return [
@@ -207,38 +204,19 @@ class VLLMRollout:
 
 
 @dataclasses.dataclass
-class VisionPrompts:
-    """VLM requests: vLLM runs the model's HF processor itself on the raw media.
+class ServedPrompts:
+    """Requests as the family's :class:`~mmrl.models.VLLMServing` says.
 
+    For media, vLLM runs the model's HF processor itself on the raw images and videos.
     The prompt Batch holds expanded placeholders (one ``<|image_pad|>`` per vision token);
     vLLM expands each placeholder it is given, so every run of placeholders is collapsed to
-    one token first and vLLM's expansion is checked against the Batch's. Vision tokens are
-    never sampled (``suppressed_token_ids``), as in
-    :func:`mmrl.models.vlm.generate_vlm`, and the Batch's sampling support
-    names them, so the sampling log-probs describe the distribution that
-    ``vlm_response_log_probs`` recomputes.
+    one token first and vLLM's expansion is checked against the Batch's. Suppressed ids
+    (a VLM's vision tokens) are never sampled, as in :func:`mmrl.models.vlm.generate_vlm`,
+    and the Batch's sampling support names them, so the sampling log-probs describe the
+    distribution that the family's ``response_log_probs`` recomputes.
     """
 
-    placeholder_ids: tuple[int, ...]
-    suppressed_token_ids: tuple[int, ...]
-
-    @classmethod
-    def from_config(cls, config, tokenizer_size: int) -> VisionPrompts | None:
-        """None for a text model; ids above the tokenizer's (padded embedding rows) are suppressed
-        too.
-        """
-        if (
-            getattr(config, "vision_config", None) is None
-            or getattr(config, "image_token_id", None) is None
-        ):
-            return None
-        names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-        vision = {int(getattr(config, n)) for n in names if getattr(config, n, None) is not None}
-        padded = range(tokenizer_size, config.get_text_config().vocab_size)
-        placeholders = tuple(
-            int(getattr(config, n)) for n in names[:2] if getattr(config, n, None) is not None
-        )
-        return cls(placeholders, tuple(sorted({*vision, *padded})))
+    serving: VLLMServing
 
     def requests(self, prompts: Batch, token_ids: list[list[int]]) -> list[TokensPrompt]:
         if "multi_modal_inputs" in prompts and "multi_modal_data" not in prompts:
@@ -269,7 +247,7 @@ class VisionPrompts:
         return [
             t
             for j, t in enumerate(ids)
-            if not (j and t == ids[j - 1] and t in self.placeholder_ids)
+            if not (j and t == ids[j - 1] and t in self.serving.placeholder_ids)
         ]
 
     @staticmethod

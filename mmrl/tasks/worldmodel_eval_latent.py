@@ -52,8 +52,9 @@ def predict_latent(
     """Frames ``uint8 [N, F, H, W, 3]`` predicted for ``windows`` by a latent policy: its means
     (``greedy``) or samples at ``temperature``, through the same processor and rollout engine as
     RL."""
+    from mmrl.models import get_family
     from mmrl.processors.latent import LatentWorldModelProcessor
-    from mmrl.rollout.latent import LatentRollout
+    from mmrl.rollout.module import ModuleRollout
     from mmrl.sampling import SamplingParams
 
     processor = LatentWorldModelProcessor(ae, windows.context.shape[1], windows.future.shape[1])
@@ -61,9 +62,8 @@ def predict_latent(
     sampling = SamplingParams(
         **processor.sampling_overrides(), do_sample=not greedy, temperature=temperature, seed=seed
     )
-    return processor.decode(LatentRollout(policy).generate(prompts, sampling))[
-        "pred_frames"
-    ].numpy()
+    engine = ModuleRollout(policy, get_family("latent"))
+    return processor.decode(engine.generate(prompts, sampling))["pred_frames"].numpy()
 
 
 def evaluate_latent(

@@ -1,7 +1,7 @@
 """Latent world-model RL: GRPO on a Gaussian latent policy, rewarded on decoded frames.
 
 Prompts are windows of environment trajectories (K context frames + actions); a
-response is F future latents sampled by :mod:`mmrl.rollout.latent`, decoded to frames
+response is F future latents sampled by :mod:`mmrl.models.latent_family`, decoded to frames
 by the latent autoencoder and scored by frame verifiers (by default -(MAE + LPIPS)).
 The starting model is made here (:meth:`WorldModelLatentTask.initial_model`): data are
 generated, the autoencoder is trained and the policy is pretrained by maximum
@@ -204,14 +204,16 @@ def evaluate_latent_policy(
 
     import numpy as np
 
-    from mmrl.rollout.latent import LatentRollout
+    from mmrl.models import get_family
+    from mmrl.rollout.module import ModuleRollout
     from mmrl.sampling import SamplingParams
     from mmrl.verifiers import VerifierRunner
 
     task = WorldModelLatentTask(cfg.task)
     processor = task.build_prompt_processor(Path(model_path), cfg)
     prompts = processor.encode_dataset(task.build_data(seed).val, "val")
-    engine = LatentRollout(GaussianLatentPolicy.from_pretrained(model_path))
+    family = get_family("latent")
+    engine = ModuleRollout(family.load(Path(model_path)), family)
     sampling = SamplingParams(
         **processor.sampling_overrides(),
         do_sample=not greedy,

@@ -52,8 +52,7 @@ def evaluate_parquet(
 ) -> EvalResult:
     """Generate one response per row of ``files`` with ``checkpoint`` and score it."""
     from mmrl.config import RunConfig
-    from mmrl.models.loading import load_causal_lm
-    from mmrl.models.vlm import generate_vlm
+    from mmrl.models import policy_family
     from mmrl.processors.vision_prompts import VisionPromptProcessor
     from mmrl.sampling import SamplingParams
     from mmrl.tasks.vision_parquet import VisionParquetTask
@@ -75,7 +74,8 @@ def evaluate_parquet(
     run.data.filter_overlong_prompts = filter_overlong_prompts
     processor = VisionPromptProcessor.from_pretrained(checkpoint, run, task.samples)
     prompts = processor.encode_dataset(dataset, "eval")
-    model = load_causal_lm(checkpoint).eval()
+    family = policy_family(checkpoint)
+    model = family.load(Path(checkpoint)).eval()
     tokenizer = processor.vision.tokenizer
     score_fn = get_verifier(verifier)
     scores, texts = [], []
@@ -86,9 +86,7 @@ def evaluate_parquet(
             do_sample=do_sample,
             seed=seed + i,
         )
-        out = processor.decode(
-            generate_vlm(model, chunk, sampling, tokenizer.eos_token_id, tokenizer.pad_token_id)
-        )
+        out = processor.decode(family.generate(model, chunk, sampling, tokenizer))
         scores += [float(s) for s in np.asarray(score_fn(out).scores)]
         texts += list(out["response_text"])
     return EvalResult(

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     model or latent policy folder) on trajectory data."""
     import argparse
 
-    from mmrl.models.latent_policy import is_latent_policy_dir
+    from mmrl.models import policy_family
     from mmrl.processors.worldmodel import load_windows
 
     p = argparse.ArgumentParser(prog="mmrl eval", description=main.__doc__)
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the metrics here")
     args = p.parse_args(argv)
     sampled = f"model (sampled x{args.samples}, T={args.temperature:g})"
-    if is_latent_policy_dir(args.model):
+    if policy_family(args.model).name == "latent":  # a token world model is a text LM
         policy, ae = load_latent_policy(args.model)
         context, future = policy.cfg.context, args.future or 2
         source = open_trajectories(args.data, args.num_actions)

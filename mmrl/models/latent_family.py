@@ -1,9 +1,8 @@
-"""Rollout over continuous latents: a Gaussian policy samples the next frame's latent.
+"""The latent policy family: a Gaussian over the next frame's latent, one step per frame.
 
-One **step** is one predicted latent frame ``z [C, h, w]``. A response of F steps is
-sampled autoregressively: step ``f`` reads the K latents before it (the prompt's
-``context_latents`` first, then its own earlier samples) and the K actions
-``actions[:, f:f+K]`` that lead to its frame, and draws
+A response of F steps is sampled autoregressively: step ``f`` reads the K latents
+before it (the prompt's ``context_latents`` first, then its own earlier samples) and
+the K actions ``actions[:, f:f+K]`` that lead to its frame, and draws
 
     z_f = mean + temperature * exp(log_std) * eps,   eps ~ N(0, I)
 
@@ -15,47 +14,61 @@ untempered Gaussian. ``top_k``/``top_p`` do not apply to a Gaussian and are igno
 
 from __future__ import annotations
 
-import math
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from mmrl.models.latent_policy import gaussian_log_prob
+from mmrl.models.family import PolicyFamily, register_family, torch_dtype
+from mmrl.models.latent_policy import CONFIG_FILE, GaussianLatentPolicy
 from mmrl.protocol import Batch
-from mmrl.rollout.base import register_rollout
 from mmrl.sampling import SamplingParams
 
 
-@register_rollout("latent")
-class LatentRollout:
-    """Samples from a module whose ``forward(context [B, K, C, h, w], actions [B, K, A])``
-    returns ``(mean, log_std)`` of the next latent, e.g.
-    :class:`~mmrl.models.latent_policy.GaussianLatentPolicy`.
+@register_family("latent")
+class LatentFamily(PolicyFamily):
+    """A :class:`~mmrl.models.latent_policy.GaussianLatentPolicy` folder
+    (``latent_policy.json``, its weights and the ``autoencoder/`` that defines the latents).
 
     Prompts hold ``context_latents [B, K, C, h, w]``, ``actions [B, K+F-1, A]`` and
-    ``attention_mask [B, K]`` (one position per context frame). The result adds
+    ``attention_mask [B, K]`` (one position per context frame). :meth:`generate` adds
     ``response_latents [B, F, C, h, w]``, ``response_mask [B, F]`` (all ones: a latent
     response has exactly F steps), ``rollout_log_probs [B, F]``, ``response_clipped [B]``
     (all False) and extends ``attention_mask`` (and ``position_ids``) to [B, K + F].
-    The engine shares the actor's module, so it needs no weight sync.
     """
 
-    def __init__(self, model: nn.Module, **_: object) -> None:
-        self.model = model
+    def detect(self, path: Path) -> bool:
+        return (path / CONFIG_FILE).is_file()
 
-    def sync_weights(self, model: nn.Module) -> None:
-        """Nothing to do: sampling runs on the actor's own module."""
+    def describe(self) -> str:
+        return f"a latent policy folder ({CONFIG_FILE}, its weights and autoencoder/)"
+
+    def load(self, path: Path, dtype: str = "float32") -> nn.Module:
+        return GaussianLatentPolicy.from_pretrained(path).to(torch_dtype(dtype))
+
+    def save(
+        self, model: nn.Module, path: Path, state_dict: dict[str, torch.Tensor], source: Path
+    ) -> None:
+        # The policy copies the autoencoder/ of the folder it was loaded from (``source``).
+        model.save_pretrained(path, state_dict=state_dict)
+
+    def response_log_probs(
+        self, model: nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return model.response_log_probs(batch, temperature, with_entropy)
 
     @torch.no_grad()
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def generate(
+        self, model: nn.Module, prompts: Batch, sampling: SamplingParams, tokenizer: Any = None
+    ) -> Batch:
         context, actions = prompts["context_latents"], prompts["actions"]
         k, f = context.shape[1], sampling.max_tokens
         if actions.shape[1] != k + f - 1:
             raise ValueError(
-                f"sampling {f} latent frames after {k} context frames needs actions [B, "
-                f"{k + f - 1}, A], "
-                f"found {list(actions.shape)} (max_tokens comes from the processor's "
-                "sampling_overrides)"
+                f"sampling {f} latent frames after {k} context frames needs actions "
+                f"[B, {k + f - 1}, A], found {list(actions.shape)} (max_tokens comes from the "
+                "processor's sampling_overrides)"
             )
         if sampling.do_sample and sampling.temperature <= 0:
             raise ValueError(
@@ -66,21 +79,21 @@ class LatentRollout:
             generator.manual_seed(sampling.seed)
         else:
             generator.seed()
-        was_training = self.model.training
-        self.model.eval()
+        was_training = model.training
+        model.eval()
         window, latents, log_probs = context, [], []
         for step in range(f):
-            mean, log_std = self.model(window, actions[:, step : step + k])
-            if sampling.do_sample:
-                log_std = log_std + math.log(sampling.temperature)
-                noise = torch.randn(mean.shape, generator=generator).to(mean.device)
-                z = mean + noise * log_std.exp()
-            else:
-                z = mean
-            log_probs.append(gaussian_log_prob(z, mean, log_std))
+            z, log_prob = model.sample(
+                window,
+                actions[:, step : step + k],
+                greedy=not sampling.do_sample,
+                generator=generator,
+                temperature=sampling.temperature,
+            )
             latents.append(z)
+            log_probs.append(log_prob)
             window = torch.cat([window[:, 1:], z.unsqueeze(1)], dim=1)
-        self.model.train(was_training)
+        model.train(was_training)
         return finish_latent_rollout(prompts, torch.stack(latents, 1), torch.stack(log_probs, 1))
 
 

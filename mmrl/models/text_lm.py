@@ -1,0 +1,151 @@
+"""The text LM family: a transformers causal LM whose steps are tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+)
+
+from mmrl import algos
+from mmrl.models.family import PolicyFamily, VLLMServing, register_family, torch_dtype
+from mmrl.models.responses import finish_rollout, generated_responses
+from mmrl.protocol import Batch
+from mmrl.sampling import SUPPORT_KEY, SamplingParams, restrict_logits, sampling_support
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+
+
+def has_vision_tower(path: Path) -> bool:
+    """Whether the transformers config in ``path`` describes a vision tower (a VLM)."""
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    return getattr(config, "vision_config", None) is not None
+
+
+@register_family("text_lm")
+class TextLMFamily(PolicyFamily):
+    """A ``save_pretrained`` causal LM with its tokenizer (Qwen2, Llama, ...)."""
+
+    has_critic = True
+    auto_class: Any = AutoModelForCausalLM
+
+    def detect(self, path: Path) -> bool:
+        return (path / "config.json").is_file() and not has_vision_tower(path)
+
+    def describe(self) -> str:
+        return "a transformers save_pretrained folder (config.json) with its tokenizer"
+
+    def load(self, path: Path, dtype: str = "float32") -> nn.Module:
+        return self.auto_class.from_pretrained(
+            path, dtype=torch_dtype(dtype), local_files_only=True
+        )
+
+    def load_tokenizer(self, path: Path) -> Any:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+    def save(
+        self, model: nn.Module, path: Path, state_dict: dict[str, torch.Tensor], source: Path
+    ) -> None:
+        model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
+        self.load_tokenizer(source).save_pretrained(path)
+
+    def response_log_probs(
+        self, model: nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        responses = batch["responses"]
+        logits = model(**{k: batch[k] for k in MODEL_INPUTS}, use_cache=False).logits
+        # The logit at position i predicts token i + 1: the last T+1..1 positions score the
+        # response.
+        logits = logits[:, -responses.shape[1] - 1 : -1].float() / temperature
+        # Under the same token restrictions the rollout sampled with (allowed ids, min length).
+        logits = restrict_logits(logits, batch.meta.get(SUPPORT_KEY))
+        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1))
+        entropy = algos.entropy_from_logits(logits) if with_entropy else None
+        return log_probs.squeeze(-1), entropy
+
+    @torch.no_grad()
+    def generate(
+        self, model: nn.Module, prompts: Batch, sampling: SamplingParams, tokenizer: Any
+    ) -> Batch:
+        eos_id, pad_id = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
+        stop_ids = {eos_id, *sampling.stop_token_ids}
+        config = GenerationConfig(
+            max_new_tokens=sampling.max_tokens,
+            min_new_tokens=sampling.min_tokens,
+            do_sample=sampling.do_sample,
+            temperature=sampling.temperature if sampling.do_sample else None,
+            top_p=sampling.top_p if sampling.do_sample else None,
+            top_k=sampling.top_k if sampling.do_sample else None,
+            eos_token_id=sorted(stop_ids),
+            pad_token_id=pad_id,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        was_training = model.training
+        model.eval()
+        with torch.random.fork_rng(devices=[]):
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            out = model.generate(
+                input_ids=prompts["input_ids"],
+                attention_mask=prompts["attention_mask"],
+                generation_config=config,
+                logits_processor=allowed_tokens(sampling, stop_ids),
+            )
+        model.train(was_training)
+
+        prompt_len = prompts["input_ids"].shape[1]
+        responses, log_probs = generated_responses(
+            out.sequences, out.scores, prompt_len, sampling.max_tokens, pad_id
+        )
+        out = finish_rollout(prompts, responses, log_probs, stop_ids, pad_id)
+        out.meta[SUPPORT_KEY] = sampling_support(sampling, stop_ids)
+        return out
+
+    def load_critic(self, path: Path) -> nn.Module:
+        # The caller seeds the fresh scalar head (every rank must draw the same one).
+        # transformers puts a 0.1 dropout before the value head unless told otherwise: the
+        # value targets would then be regressed through noise the rollout values lack.
+        config = AutoConfig.from_pretrained(path, num_labels=1, local_files_only=True)
+        config.classifier_dropout = 0.0
+        return AutoModelForTokenClassification.from_pretrained(
+            path, config=config, local_files_only=True
+        )
+
+    def values(self, critic: nn.Module, batch: Batch) -> torch.Tensor:
+        num_steps = batch["responses"].shape[1]
+        scores = critic(**{k: batch[k] for k in MODEL_INPUTS}, use_cache=False).logits
+        return scores[:, -num_steps - 1 : -1, 0].float()
+
+    def vllm_serving(self, path: Path, tokenizer: Any) -> VLLMServing:
+        return VLLMServing()
+
+
+def allowed_tokens(sampling: SamplingParams, stop_ids: set[int]) -> LogitsProcessorList:
+    """The ``generate`` logits processors for ``sampling.allowed_token_ids`` (stops allowed)."""
+    if sampling.allowed_token_ids is None:
+        return LogitsProcessorList()
+    allowed = set(sampling.allowed_token_ids) | stop_ids
+    return LogitsProcessorList([AllowedTokensProcessor(sorted(allowed))])
+
+
+class AllowedTokensProcessor(LogitsProcessor):
+    """Sets every logit outside ``allowed_token_ids`` to -inf, before temperature and top-k/p."""
+
+    def __init__(self, allowed_token_ids: list[int]) -> None:
+        self.allowed = torch.tensor(allowed_token_ids, dtype=torch.long)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        masked = torch.full_like(scores, float("-inf"))
+        masked[:, self.allowed] = scores[:, self.allowed]
+        return masked
