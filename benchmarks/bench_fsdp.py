@@ -32,6 +32,7 @@ import torch
 from mmrl.config import load_config
 from mmrl.hybrid import build_workers, init_ray
 from mmrl.tasks import get_task
+from mmrl.tasks.text_addition import build_char_tokenizer
 from mmrl.trainer.fit import PromptLoader, build_kl_controller, rl_step
 from mmrl.utils.seed import set_seed
 from mmrl.verifiers import VerifierRunner
@@ -55,7 +56,7 @@ def build_model(out: Path, hidden: int, layers: int) -> tuple[Path, int]:
             },
         }
     )
-    tokenizer = task.build_tokenizer()
+    tokenizer = build_char_tokenizer()
     torch.manual_seed(0)
     model = task.build_model(tokenizer)
     model.save_pretrained(out, safe_serialization=True)

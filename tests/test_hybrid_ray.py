@@ -29,6 +29,7 @@ from mmrl.hybrid import ActorRolloutRefWorker, LocalWorkerGroup, WorkerError
 from mmrl.protocol import Batch
 from mmrl.sampling import SamplingParams
 from mmrl.tasks import get_task
+from mmrl.tasks.text_addition import build_char_tokenizer
 from tests.conftest import run_overrides
 
 pytestmark = pytest.mark.slow
@@ -39,7 +40,7 @@ OBJECT_STORE_BYTES = 512 * 2**20
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A random (not warmed-up) addition model and its tokenizer, saved with save_pretrained."""
     task = get_task("text_addition")({"name": "text_addition"})
-    tokenizer = task.build_tokenizer()
+    tokenizer = build_char_tokenizer()
     torch.manual_seed(0)
     model = task.build_model(tokenizer)
     path = tmp_path_factory.mktemp("tiny") / "model"

@@ -144,13 +144,13 @@ def test_counting_task_builds_data_model_and_encodes(tmp_path):
     assert data.train.images[0] == again.train.images[0]
     assert len(data.train) == 16 and len(data.val) == 8
     assert all(1 <= int(a) <= 5 for a in data.train.ground_truth)
-    prompts, targets = task.sft_pairs(data)
+    targets = task.sft_targets(data.train)
     assert (
         targets[0] == f"<think>I count the {data.train.extra_info[0]['color']} shapes: "
         f"{data.train.ground_truth[0]}.</think><answer>{data.train.ground_truth[0]}</answer>"
     )
     processor = task.build_processor()
-    model = task.build_model(processor.tokenizer)
+    model = task.build_model(processor)
     model.save_pretrained(tmp_path)
     processor.save_pretrained(tmp_path)
     vp = VisionProcessor.from_pretrained(tmp_path, DataConfig(max_prompt_length=128))
@@ -190,7 +190,7 @@ def test_comparison_images_hold_the_stated_counts():
 def test_comparison_task_targets_and_bad_settings():
     task = get_task("visual_comparison")({"train_size": 8, "val_size": 4})
     data = task.build_data(seed=0)
-    _, targets = task.sft_pairs(data)
+    targets = task.sft_targets(data.train)
     assert targets[0] == f"<think>compare</think><answer>{data.train.ground_truth[0]}</answer>"
     with pytest.raises(ValueError, match="do not fit a 4x4 grid"):
         make_comparison_dataset(VisualComparisonConfig(max_count=8, max_distractors=2), 1, seed=0)

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from mmrl.protocol import Batch
 
+D = TypeVar("D", contravariant=True)  # the dataset type of the task it serves
 
-class PromptProcessor(Protocol):
-    """Turns a task's prompts into model inputs and its responses into what verifiers read.
+
+class PromptProcessor(Protocol[D]):
+    """Turns a task's prompts (a dataset of type ``D``) into model inputs and its responses
+    into what verifiers read.
 
     :class:`~mmrl.processors.text.TextProcessor` is the text one; a VLM processor adds
     visual inputs, a world-model processor turns context frames and actions into
     tokens and decodes predicted tokens back into frames.
     """
 
-    @property
-    def pad_token_id(self) -> int: ...
-
-    def encode_dataset(self, dataset: Any, split: str) -> Batch:
+    def encode_dataset(self, dataset: D, split: str) -> Batch:
         """Left-padded ``input_ids``, ``attention_mask``, ``position_ids`` [B, P] plus the
         per-sample fields verifiers need (``ground_truth``, ...);
         ``meta["num_filtered_prompts"]``."""

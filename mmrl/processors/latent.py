@@ -52,8 +52,6 @@ def frame_windows(
 class LatentWorldModelProcessor:
     """Encodes :class:`FrameWindows` into latent prompts and decodes sampled latents into frames."""
 
-    pad_token_id = 0  # no tokens: kept for the processor interface
-
     def __init__(self, ae: LatentAutoencoder, context: int, future: int) -> None:
         self.ae, self.context, self.future = ae, context, future
 

@@ -1,7 +1,7 @@
 """What a task provides to the fit loop, and the task registry.
 
-A task names its prompts, ground truths, tokenizer, initial model and
-verifiers; the fit loop is the same for every task.
+A task is four methods: its data, the processor for its prompts, the model RL starts
+from, and what happens after RL. The fit loop is the same for every task.
 """
 
 from __future__ import annotations
@@ -9,19 +9,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from omegaconf import OmegaConf
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer
 
 from mmrl.processors.base import PromptProcessor
 from mmrl.processors.text import TextProcessor
-from mmrl.tasks.sft import SFTConfig
 
 if TYPE_CHECKING:
     from mmrl.config import RunConfig
 
 C = TypeVar("C")
+D = TypeVar("D")  # a task's dataset type: PromptDataset, VisionPromptDataset, FrameWindows, ...
 
 
 def task_config(schema: type[C], cfg: Any) -> C:
@@ -52,14 +52,15 @@ class PromptDataset:
 
 
 @dataclass
-class TaskData:
-    """A task's splits. ``train`` feeds RL; ``val`` is what the run validates on and what
-    checkpoint selection, early stopping and tuning may read; ``test`` is held out for
-    final claims (end-of-run comparisons, benchmark tables) and read by nothing else."""
+class TaskData(Generic[D]):
+    """A task's splits, each of the task's dataset type ``D``. ``train`` feeds RL; ``val`` is
+    what the run validates on and what checkpoint selection, early stopping and tuning may
+    read; ``test`` is held out for final claims (end-of-run comparisons, benchmark tables)
+    and read by nothing else."""
 
-    train: PromptDataset
-    val: PromptDataset
-    test: PromptDataset | None = None
+    train: D
+    val: D
+    test: D | None = None
 
 
 TASKS: dict[str, type] = {}
@@ -79,30 +80,33 @@ def get_task(name: str) -> type:
     return TASKS[name]
 
 
-class Task:
-    """Interface of a task. Subclasses parse ``cfg.task`` into their own settings."""
+class Task(Generic[D]):
+    """Interface of a task over datasets of type ``D``. Subclasses parse ``cfg.task`` into
+    their own settings (:func:`task_config`).
+
+    Starting points that need training (an SFT warm-up, MLE pretraining) are made in
+    :meth:`initial_model` with the helpers of :mod:`mmrl.tasks.sft` and
+    :mod:`mmrl.tasks.sft_vlm`.
+    """
 
     name: str
-    sft_config: SFTConfig
 
-    def build_data(self, seed: int) -> TaskData:
+    def build_data(self, seed: int) -> TaskData[D]:
+        """The task's splits, drawn or read with ``seed``."""
         raise NotImplementedError
 
-    def build_tokenizer(self) -> PreTrainedTokenizerBase:
-        raise NotImplementedError
+    def build_prompt_processor(self, model_path: Path, cfg: RunConfig) -> PromptProcessor[D]:
+        """The processor for this task's prompts and responses; text by default."""
+        tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+        return TextProcessor(
+            tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts
+        )
 
-    def build_model(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    def initial_model(self, cfg: RunConfig) -> tuple[Path, dict[str, float]]:
+        """A local checkpoint folder to start RL from when ``actor_rollout_ref.model.path`` is
+        not set, made the task's own way (built from config and warmed up, pretrained, or
+        named in the task's config), with metrics to log at step 0."""
         raise NotImplementedError
-
-    def sft_pairs(self, data: TaskData) -> tuple[list[str], list[str]]:
-        """(prompt, target response) pairs for the warm-up before RL."""
-        raise NotImplementedError
-
-    def initial_model(self, cfg: RunConfig) -> tuple[Path, dict[str, float]] | None:
-        """A ``save_pretrained`` directory to start RL from, made the task's own way
-        (for example MLE pretraining), with metrics to log; ``None`` lets the fit loop
-        build the model from config and warm it up with SFT on :meth:`sft_pairs`."""
-        return None
 
     def on_fit_end(
         self, cfg: RunConfig, base_dir: Path, actor_dir: Path, history: list[dict]
@@ -110,10 +114,3 @@ class Task:
         """Task-specific work after RL (held-out comparisons, reports), given the starting
         model and the final actor; returns entries for ``summary.json``. Nothing by default."""
         return {}
-
-    def build_prompt_processor(self, model_path: Path, cfg: RunConfig) -> PromptProcessor:
-        """The processor for this task's prompts and responses; text by default."""
-        tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-        return TextProcessor(
-            tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts
-        )

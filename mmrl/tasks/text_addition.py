@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from mmrl.tasks.base import PromptDataset, Task, TaskData, register_task, task_config
-from mmrl.tasks.sft import SFTConfig
+from mmrl.tasks.sft import SFTConfig, sft_initial_model
+
+if TYPE_CHECKING:
+    from mmrl.config import RunConfig
 
 CHARS = list("0123456789+-*= ")
 SPECIAL = {"pad": "<pad>", "eos": "<eos>", "bos": "<bos>"}
@@ -48,13 +52,12 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
 
 
 @register_task("text_addition")
-class TextAdditionTask(Task):
+class TextAdditionTask(Task[PromptDataset]):
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg: TextAdditionConfig = task_config(TextAdditionConfig, cfg)
         self.name = self.cfg.name
-        self.sft_config = self.cfg.sft
 
-    def build_data(self, seed: int) -> TaskData:
+    def build_data(self, seed: int) -> TaskData[PromptDataset]:
         """Disjoint train and held-out problem sets, drawn with ``seed``."""
         n = self.cfg.max_operand + 1
         pairs = [(a, b) for a in range(n) for b in range(n)]
@@ -76,8 +79,15 @@ class TextAdditionTask(Task):
             ground_truth=[str(a + b) for a, b in pairs],
         )
 
-    def build_tokenizer(self) -> PreTrainedTokenizerFast:
-        return build_char_tokenizer()
+    def initial_model(self, cfg: RunConfig) -> tuple[Path, dict[str, float]]:
+        """The tiny Qwen2 from config after the SFT warm-up (``task.sft``) on the training
+        problems."""
+        tokenizer = build_char_tokenizer()
+        model = self.build_model(tokenizer)
+        train = self.build_data(cfg.trainer.seed).train
+        return sft_initial_model(
+            cfg, model, tokenizer, train.prompts, train.ground_truth, self.cfg.sft
+        )
 
     def build_model(self, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
         arch = {
@@ -98,6 +108,3 @@ class TextAdditionTask(Task):
             **arch,
         )
         return Qwen2ForCausalLM(config)
-
-    def sft_pairs(self, data: TaskData) -> tuple[list[str], list[str]]:
-        return data.train.prompts, data.train.ground_truth

@@ -11,13 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from transformers import AutoProcessor, PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
+from transformers import AutoProcessor, ProcessorMixin
 
 from mmrl.data import VisionPromptDataset, load_vision_parquet
 from mmrl.processors.vision import VisionSample
 from mmrl.processors.vision_prompts import VisionPromptProcessor
 from mmrl.tasks.base import Task, TaskData, register_task, task_config
-from mmrl.tasks.sft import SFTConfig
 
 if TYPE_CHECKING:
     from mmrl.config import RunConfig
@@ -36,18 +35,20 @@ class VisionParquetConfig:
     max_val_rows: int | None = None
     system_prompt: str | None = None
     instruction: str = " Think in <think></think>, then answer in <answer></answer>."
-    model_path: str | None = None  # where the processor is read from (the initial model)
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=0))
+    # The checkpoint RL starts from (model, processor, tokenizer); the YAML sets it to
+    # actor_rollout_ref.model.path.
+    model_path: str | None = None
 
 
 @register_task("vision_parquet")
-class VisionParquetTask(Task):
+class VisionParquetTask(Task[VisionPromptDataset]):
+    """Interface beyond :class:`Task`: ``build_processor`` and ``samples``."""
+
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg: VisionParquetConfig = task_config(VisionParquetConfig, cfg)
         if not self.cfg.train_files:
             raise ValueError("task.train_files is empty: list the parquet files to train on")
         self.name = self.cfg.name
-        self.sft_config = self.cfg.sft
 
     def _load(self, files: list[str], max_rows: int | None) -> VisionPromptDataset:
         c = self.cfg
@@ -65,25 +66,25 @@ class VisionParquetTask(Task):
             extra_info=[x for d in parts for x in d.extra_info],
         )
 
-    def build_data(self, seed: int) -> TaskData:
+    def build_data(self, seed: int) -> TaskData[VisionPromptDataset]:
         train = self._load(self.cfg.train_files, self.cfg.max_train_rows)
         val_files = self.cfg.val_files or self.cfg.train_files
         return TaskData(train=train, val=self._load(val_files, self.cfg.max_val_rows))
 
+    def initial_model(self, cfg: RunConfig) -> tuple[Path, dict[str, float]]:
+        """The checkpoint named by ``task.model_path``, as is (no warm-up)."""
+        return self._model_path(), {}
+
     def build_processor(self) -> ProcessorMixin:
+        return AutoProcessor.from_pretrained(self._model_path(), local_files_only=True)
+
+    def _model_path(self) -> Path:
         if not self.cfg.model_path:
             raise ValueError(
-                "task.model_path is not set: point it at the model's save_pretrained directory"
+                "task vision_parquet trains an existing checkpoint: set "
+                "actor_rollout_ref.model.path (or task.model_path) to its save_pretrained folder"
             )
-        return AutoProcessor.from_pretrained(self.cfg.model_path, local_files_only=True)
-
-    def build_tokenizer(self) -> PreTrainedTokenizerBase:
-        return self.build_processor().tokenizer
-
-    def build_model(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
-        raise ValueError(
-            "task vision_parquet trains an existing checkpoint: set actor_rollout_ref.model.path"
-        )
+        return Path(self.cfg.model_path)
 
     def samples(
         self, dataset: VisionPromptDataset, processor: ProcessorMixin, split: str

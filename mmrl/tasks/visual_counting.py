@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from PIL import Image, ImageDraw
-from transformers import PreTrainedTokenizerBase, ProcessorMixin, Qwen2VLForConditionalGeneration
+from transformers import ProcessorMixin, Qwen2VLForConditionalGeneration
 
 from mmrl.data import VisionPromptDataset
 from mmrl.models.freeze import freeze_modules
@@ -122,8 +122,8 @@ def counting_target(count: str, color: str) -> str:
 
 
 @register_task("visual_counting")
-class VisualCountingTask(Task):
-    """Interface beyond :class:`Task`: ``build_processor`` and ``samples``.
+class VisualCountingTask(Task[VisionPromptDataset]):
+    """Interface beyond :class:`Task`: ``build_processor``, ``build_model`` and ``samples``.
 
     Other procedural shape tasks subclass it with their own ``config_class``,
     ``make_dataset`` and ``sft_targets``; model, processor and warm-up are shared."""
@@ -133,9 +133,8 @@ class VisualCountingTask(Task):
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = task_config(self.config_class, cfg)
         self.name = self.cfg.name
-        self.sft_config = self.cfg.sft
 
-    def build_data(self, seed: int) -> TaskData:
+    def build_data(self, seed: int) -> TaskData[VisionPromptDataset]:
         """Train and held-out sets from different seeds (images are random, so they do not
         repeat)."""
         return TaskData(
@@ -151,12 +150,10 @@ class VisualCountingTask(Task):
         area = self.cfg.image_size**2
         return build_tiny_qwen2_vl_processor(min_pixels=area, max_pixels=area)
 
-    def build_tokenizer(self) -> PreTrainedTokenizerBase:
-        return self.build_processor().tokenizer
-
-    def build_model(self, tokenizer: PreTrainedTokenizerBase) -> Qwen2VLForConditionalGeneration:
+    def build_model(self, processor: ProcessorMixin) -> Qwen2VLForConditionalGeneration:
+        """The tiny Qwen2-VL from config (``task.model``, ``task.vision``), fresh weights."""
         return Qwen2VLForConditionalGeneration(
-            tiny_qwen2_vl_config(tokenizer, self.cfg.model, self.cfg.vision)
+            tiny_qwen2_vl_config(processor.tokenizer, self.cfg.model, self.cfg.vision)
         )
 
     def samples(
@@ -166,14 +163,9 @@ class VisualCountingTask(Task):
         ``<split>/<row>``."""
         return dataset.samples(processor, suffix=self.cfg.instruction, key_prefix=split)
 
-    def sft_pairs(self, data: TaskData) -> tuple[list[str], list[str]]:
-        """(problem, target) pairs; the problems hold ``<image>``, so VLM SFT pairs them with
-        ``data.train.images``.
-        """
-        return data.train.problems, self.sft_targets(data.train)
-
     @staticmethod
     def sft_targets(dataset: VisionPromptDataset) -> list[str]:
+        """The warm-up's target response for each problem of ``dataset``."""
         return [
             counting_target(a, info["color"])
             for a, info in zip(dataset.ground_truth, dataset.extra_info, strict=True)
@@ -187,7 +179,7 @@ class VisualCountingTask(Task):
         fixed before RL), saved with its processor under ``<output_dir>/init_model``. Parameters
         that ``actor.freeze_modules`` freezes in RL are frozen here too."""
         processor = self.build_processor()
-        model = self.build_model(processor.tokenizer)
+        model = self.build_model(processor)
         freeze_modules(model, cfg.actor_rollout_ref.actor.freeze_modules)  # as in RL
         path = cfg.output_dir / "init_model"
         processor.save_pretrained(path)
@@ -201,7 +193,7 @@ class VisualCountingTask(Task):
             self.build_prompt_processor(path, cfg),
             train,
             self.sft_targets(train),
-            self.sft_config,
+            self.cfg.sft,
             cfg.trainer.seed,
             cfg.trainer.progress_bar,
         )

@@ -23,7 +23,6 @@ from mmrl.models.latent_policy import (
 )
 from mmrl.processors.latent import FrameWindows, LatentWorldModelProcessor, frame_windows
 from mmrl.tasks.base import Task, TaskData, register_task, task_config
-from mmrl.tasks.sft import SFTConfig
 from mmrl.worldmodel import frames as F
 from mmrl.worldmodel.data import generate_dataset
 from mmrl.worldmodel.envs import make_env
@@ -70,13 +69,12 @@ class WorldModelLatentConfig:
 
 
 @register_task("worldmodel_latent")
-class WorldModelLatentTask(Task):
+class WorldModelLatentTask(Task[FrameWindows]):
     """Interface beyond :class:`Task`: ``data_dirs``, ``autoencoder`` and ``policy_config``."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg: WorldModelLatentConfig = task_config(WorldModelLatentConfig, cfg)
         self.name = self.cfg.name
-        self.sft_config = SFTConfig()  # unused: initial_model makes the starting point
 
     def data_dirs(self) -> tuple[Path, Path]:
         """Generate (or reuse) the train and held-out trajectory datasets (env seeds ``seed``,
@@ -110,7 +108,7 @@ class WorldModelLatentTask(Task):
             **{"context": self.cfg.context, "action_dim": action_dim, **self.cfg.policy}
         )
 
-    def build_data(self, seed: int) -> TaskData:
+    def build_data(self, seed: int) -> TaskData[FrameWindows]:
         """Train windows (all) and ``val_windows`` held-out windows; the data seed is
         ``task.seed``."""
         train, val = self.data_dirs()
@@ -230,7 +228,6 @@ def evaluate_latent_policy(
 
 
 __all__ = [
-    "FrameWindows",
     "WorldModelLatentConfig",
     "WorldModelLatentTask",
     "evaluate_latent_policy",

@@ -1,4 +1,4 @@
-"""The fit loop: one function per stage, in the order of DESIGN.md's data flow.
+"""The fit loop: one function per stage, in the data-flow order of docs/architecture.md.
 
 generate -> score -> old/ref log-probs -> KL -> advantages -> update -> metrics
 """
@@ -23,7 +23,6 @@ from mmrl.hybrid import WorkerGroup, build_workers
 from mmrl.processors.base import PromptProcessor
 from mmrl.protocol import Batch
 from mmrl.tasks import Task, get_task
-from mmrl.tasks.sft import sft_train
 from mmrl.trainer.experience import (
     make_experience,
     needs_reference,
@@ -81,38 +80,15 @@ class PromptLoader:
 
 
 def prepare_initial_model(cfg: RunConfig, task: Task) -> tuple[Path, dict[str, float]]:
-    """Return a local ``save_pretrained`` directory to start RL from.
+    """Return a local checkpoint folder to start RL from, with metrics to log at step 0.
 
-    With ``actor_rollout_ref.model.path`` set, that directory is used as is. A task
-    that makes its own starting point (:meth:`Task.initial_model`) makes it. Otherwise
-    the task builds a model from config and warms it up with SFT on its training set;
-    the result is saved under ``<output_dir>/init_model``.
+    With ``actor_rollout_ref.model.path`` set, that folder is used as is; otherwise the
+    task makes its starting point (:meth:`Task.initial_model`: for example a model built
+    from config and warmed up with SFT under ``<output_dir>/init_model``).
     """
     if cfg.actor_rollout_ref.model.path:
         return Path(cfg.actor_rollout_ref.model.path), {}
-    own = task.initial_model(cfg)
-    if own is not None:
-        return own
-    tokenizer = task.build_tokenizer()
-    model = task.build_model(tokenizer)
-    prompts, targets = task.sft_pairs(task.build_data(cfg.trainer.seed))
-    losses = sft_train(
-        model,
-        tokenizer,
-        prompts,
-        targets,
-        task.sft_config,
-        cfg.trainer.seed,
-        cfg.trainer.progress_bar,
-    )
-    path = cfg.output_dir / "init_model"
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-    sft = task.sft_config
-    return path, {
-        "sft/steps": sft.steps,
-        "sft/final_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
-    }
+    return task.initial_model(cfg)
 
 
 def build_kl_controller(cfg: KLControlConfig):
