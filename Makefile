@@ -30,5 +30,7 @@ test-slow: setup
 bench: setup
 	bash scripts/run_tests.sh bench
 
+# pylint checks one thing: no two places in mmrl/ keep copied logic (8+ similar lines).
 lint: setup
 	$(VENV)/bin/ruff check mmrl tests benchmarks
+	$(VENV)/bin/pylint --disable=all --enable=duplicate-code --min-similarity-lines=8 mmrl

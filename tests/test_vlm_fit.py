@@ -1,4 +1,4 @@
-"""VLM tasks in the one fit loop: GRPO learns visual comparison, users' parquet trains, eval-vlm
+"""VLM tasks in the one fit loop: GRPO learns visual comparison, users' parquet trains, eval
 scores.
 """
 
@@ -90,8 +90,9 @@ def parquet_run(tmp_path, *extra: str):
     return cfg, val
 
 
-def test_vision_parquet_trains_and_eval_vlm_prints_accuracy(tmp_path, capsys):
-    """A user's parquet and checkpoint: `mmrl train task=vision_parquet`, then `mmrl eval-vlm`."""
+def test_vision_parquet_trains_and_eval_prints_accuracy(tmp_path, capsys):
+    """A user's parquet and checkpoint: `mmrl train task=vision_parquet`, then `mmrl eval
+    --parquet`; the old `mmrl eval-vlm` names the new command."""
     cfg, val = parquet_run(tmp_path, "trainer.total_steps=2", "trainer.test_freq=2")
     result = fit(cfg)
     assert len(result.series("val/math_answer/mean")) == 2
@@ -101,7 +102,7 @@ def test_vision_parquet_trains_and_eval_vlm_prints_accuracy(tmp_path, capsys):
     assert (
         cli.main(
             [
-                "eval-vlm",
+                "eval",
                 "--checkpoint",
                 str(tmp_path / "run" / "actor"),
                 "--parquet",
@@ -120,24 +121,9 @@ def test_vision_parquet_trains_and_eval_vlm_prints_accuracy(tmp_path, capsys):
     assert "accuracy:" in printed and "/4, math_answer, greedy decoding" in printed
     report = json.loads(out.read_text())
     assert report["num_samples"] == 4 and 0.0 <= report["accuracy"] <= 1.0
-    # `mmrl eval` with --parquet is the same command.
-    assert (
-        cli.main(
-            [
-                "eval",
-                "--checkpoint",
-                str(tmp_path / "run" / "actor"),
-                "--parquet",
-                str(val),
-                "--max-prompt-length",
-                "128",
-                "--max-response-length",
-                "8",
-            ]
-        )
-        == 0
-    )
-    assert f"accuracy: {report['accuracy']:.4f}" in capsys.readouterr().out
+    old = ["eval-vlm", "--checkpoint", str(tmp_path / "run" / "actor"), "--parquet", str(val)]
+    assert cli.main(old) == 2
+    assert "mmrl eval --checkpoint DIR --parquet FILE" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -168,4 +154,4 @@ def test_eval_vlm_names_a_bad_column(tmp_path):
     bad = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"question": ["<image>hi"], "answer": ["1"]}), bad)
     with pytest.raises(ParquetSchemaError, match="missing column 'problem'"):
-        cli.main(["eval-vlm", "--checkpoint", str(model), "--parquet", str(bad)])
+        cli.main(["eval", "--checkpoint", str(model), "--parquet", str(bad)])

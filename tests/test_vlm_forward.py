@@ -59,7 +59,7 @@ def mixed_prompts(proc: VisionProcessor) -> Batch:
 
 def with_responses(prompts: Batch, seed: int = 0, length: int = 6, vocab: int = 256) -> Batch:
     """Append random text responses (byte tokens), with mrope positions extended."""
-    from mmrl.processors import extend_position_ids
+    from mmrl.models.vlm_inputs import extend_position_ids
 
     g = torch.Generator().manual_seed(seed)
     responses = torch.randint(0, vocab, (len(prompts), length), generator=g)

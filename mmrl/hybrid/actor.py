@@ -7,15 +7,12 @@ which scores the response steps; the worker decides how the module is wrapped
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from mmrl import algos
 from mmrl.config import ActorConfig
+from mmrl.hybrid.minibatch import ppo_minibatches
 from mmrl.models import PolicyFamily
 from mmrl.protocol import Batch
 
@@ -59,57 +56,23 @@ def update_policy(
     # GSPO averages over sequences whatever loss_agg_mode says; its micro-batches are weighted
     # by that mode, or the sum would depend on how the mini-batch is split.
     pg_mode = loss_cfg.gspo_loss_agg_mode if cfg.policy_loss == "gspo" else cfg.loss_agg_mode
-    rng = np.random.default_rng(seed)
-    metrics: dict[str, list[float]] = defaultdict(list)
-    model.train()
-    for _ in range(cfg.ppo_epochs):
-        batch.reorder(torch.from_numpy(rng.permutation(len(batch))))
-        for mini in batch.split(mini_batch_size):
-            optimizer.zero_grad(set_to_none=True)
-            micros = mini.split(cfg.ppo_micro_batch_size)
-            weights = zip(
-                micro_batch_weights(micros, pg_mode),
-                micro_batch_weights(micros, cfg.loss_agg_mode),
-                strict=True,
-            )
-            for micro, weight in zip(micros, weights, strict=True):
-                for key, value in _micro_step(
-                    family, model, micro, cfg, loss_fn, loss_cfg, temperature, weight
-                ).items():
-                    metrics[key].append(value)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            if torch.isfinite(grad_norm):
-                optimizer.step()
-            else:  # one bad batch must not poison the weights
-                optimizer.zero_grad(set_to_none=True)
-                metrics["actor/skipped_steps"].append(1.0)
-            metrics["actor/grad_norm"].append(float(grad_norm))
-    metrics["actor/lr"].append(optimizer.param_groups[0]["lr"])
-    return {k: float(np.mean(v)) for k, v in metrics.items()}
-
-
-def micro_batch_weights(micros: list[Batch], loss_agg_mode: str) -> list[float]:
-    """Weights that sum micro-batch losses into one mini-batch loss, over all data-parallel ranks.
-
-    ``agg_loss`` averages within a micro-batch: over its loss tokens (``token-mean``) or
-    its rows that have any (``seq-mean-*``). Weighting each micro-batch by its share of
-    that count in the whole mini-batch, summed over the ranks of the default process
-    group, gives the average over the whole mini-batch however it is split into
-    micro-batches and ranks. FSDP averages gradients over ranks, hence ``* world_size``.
-    """
-    counts = []
-    for micro in micros:
-        keep = micro["response_mask"].bool() & micro["valid_mask"].bool()[:, None]
-        counts.append(float(keep.sum() if loss_agg_mode == "token-mean" else keep.any(-1).sum()))
-    total, world_size = sum(counts), 1
-    if dist.is_available() and dist.is_initialized():
-        world_size = dist.get_world_size()
-        summed = torch.tensor(
-            [total], dtype=torch.float64, device=micros[0]["response_mask"].device
-        )
-        dist.all_reduce(summed)
-        total = float(summed)
-    return [world_size * count / max(total, 1.0) for count in counts]
+    metrics = ppo_minibatches(
+        model,
+        optimizer,
+        batch,
+        lambda micro, weights: _micro_step(
+            family, model, micro, cfg, loss_fn, loss_cfg, temperature, weights
+        ),
+        epochs=cfg.ppo_epochs,
+        mini_batch_size=mini_batch_size,
+        micro_batch_size=cfg.ppo_micro_batch_size,
+        loss_agg_modes=(pg_mode, cfg.loss_agg_mode),
+        grad_clip=cfg.grad_clip,
+        seed=seed,
+        prefix="actor",
+    )
+    metrics["actor/lr"] = optimizer.param_groups[0]["lr"]
+    return metrics
 
 
 def _micro_step(

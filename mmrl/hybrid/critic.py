@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-import numpy as np
 import torch
 from torch import nn
 
 from mmrl import algos
 from mmrl.config import CriticConfig
-from mmrl.hybrid.actor import micro_batch_weights
+from mmrl.hybrid.minibatch import ppo_minibatches
 from mmrl.models import PolicyFamily
 from mmrl.protocol import Batch
 
@@ -36,33 +33,34 @@ def update_critic(
     seed: int,
 ) -> dict[str, float]:
     """Clipped value regression towards ``returns``; returns averaged ``critic/*`` metrics."""
-    rng = np.random.default_rng(seed)
-    metrics: dict[str, list[float]] = defaultdict(list)
-    model.train()
-    for _ in range(cfg.ppo_epochs):
-        batch.reorder(torch.from_numpy(rng.permutation(len(batch))))
-        for mini in batch.split(mini_batch_size):
-            optimizer.zero_grad(set_to_none=True)
-            micros = mini.split(cfg.ppo_micro_batch_size)
-            for micro, weight in zip(
-                micros, micro_batch_weights(micros, cfg.loss_agg_mode), strict=True
-            ):
-                vpreds = family.values(model, micro)
-                loss, loss_metrics = algos.compute_value_loss(
-                    vpreds=vpreds,
-                    returns=micro["returns"],
-                    values=micro["values"],
-                    response_mask=micro["response_mask"],
-                    cliprange_value=cfg.cliprange_value,
-                    loss_agg_mode=cfg.loss_agg_mode,
-                    valid_mask=micro["valid_mask"],
-                )
-                (loss * weight).backward()
-                metrics["critic/vf_loss"].append(loss.item())
-                for k, v in loss_metrics.items():
-                    metrics[f"critic/{k}"].append(float(v))
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            if torch.isfinite(grad_norm):
-                optimizer.step()
-            metrics["critic/grad_norm"].append(float(grad_norm))
-    return {k: float(np.mean(v)) for k, v in metrics.items()}
+
+    def micro_step(micro: Batch, weights: tuple[float, ...]) -> dict[str, float]:
+        vpreds = family.values(model, micro)
+        loss, loss_metrics = algos.compute_value_loss(
+            vpreds=vpreds,
+            returns=micro["returns"],
+            values=micro["values"],
+            response_mask=micro["response_mask"],
+            cliprange_value=cfg.cliprange_value,
+            loss_agg_mode=cfg.loss_agg_mode,
+            valid_mask=micro["valid_mask"],
+        )
+        (loss * weights[0]).backward()
+        return {
+            "critic/vf_loss": loss.item(),
+            **{f"critic/{k}": float(v) for k, v in loss_metrics.items()},
+        }
+
+    return ppo_minibatches(
+        model,
+        optimizer,
+        batch,
+        micro_step,
+        epochs=cfg.ppo_epochs,
+        mini_batch_size=mini_batch_size,
+        micro_batch_size=cfg.ppo_micro_batch_size,
+        loss_agg_modes=(cfg.loss_agg_mode,),
+        grad_clip=cfg.grad_clip,
+        seed=seed,
+        prefix="critic",
+    )

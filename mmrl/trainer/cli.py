@@ -1,5 +1,5 @@
-"""The ``mmrl`` command line: ``mmrl train [hydra overrides...]``, ``mmrl eval ...``, ``mmrl
-eval-vlm ...``.
+"""The ``mmrl`` command line: ``mmrl train [hydra overrides...]``, ``mmrl pretrain-worldmodel
+...``, ``mmrl eval ...`` (any checkpoint: world models on trajectories, VLMs on parquet).
 """
 
 from __future__ import annotations
@@ -111,13 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser(
         "eval",
         help="a world-model checkpoint on trajectory or mp4 data (--model, --data), or a "
-        "VLM checkpoint on parquet files (--checkpoint, --parquet, as eval-vlm); mmrl eval --help",
+        "VLM checkpoint on parquet files (--checkpoint, --parquet); mmrl eval --help",
     )
-    from mmrl.trainer import eval_vlm  # VLM accuracy of a checkpoint on a parquet file
-
-    eval_vlm.add_arguments(
-        sub.add_parser("eval-vlm", help="accuracy of a VLM checkpoint on a parquet file")
-    )
+    if argv[:1] == ["eval-vlm"]:  # the old spelling of `mmrl eval --parquet`
+        print(
+            "mmrl: `mmrl eval-vlm` is now `mmrl eval --checkpoint DIR --parquet FILE ...` "
+            "(same options)",
+            file=sys.stderr,
+        )
+        return 2
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train":
@@ -125,8 +127,6 @@ def main(argv: list[str] | None = None) -> int:
         return run(args.overrides, args.config_name)
     if args.command == "pretrain-worldmodel":
         return pretrain_worldmodel(args.overrides)
-    if args.command == "eval-vlm":
-        return eval_vlm.main(args)
     return 2
 
 

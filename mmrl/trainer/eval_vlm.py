@@ -1,6 +1,6 @@
-"""Held-out accuracy of a VLM checkpoint on a parquet file: ``mmrl eval-vlm``.
+"""Held-out accuracy of a VLM checkpoint on a parquet file: ``mmrl eval --parquet``.
 
-    mmrl eval-vlm --checkpoint outputs/visual_counting_grpo/actor --parquet val.parquet
+    mmrl eval --checkpoint outputs/visual_counting_grpo/actor --parquet val.parquet
 
 The checkpoint is a ``save_pretrained`` directory with its processor (what ``mmrl train``
 writes to ``<output_dir>/actor``); the parquet file follows the layout of
