@@ -30,6 +30,8 @@ class TextAdditionConfig:
     max_operand: int = 49
     train_size: int = 4000
     val_size: int = 256
+    # Problems held out for final claims only (TaskData.test); 0: no test split.
+    test_size: int = 0
     model: dict[str, Any] = field(default_factory=dict)
     sft: SFTConfig = field(default_factory=SFTConfig)
 
@@ -58,19 +60,27 @@ class TextAdditionTask(Task[PromptDataset]):
         self.name = self.cfg.name
 
     def build_data(self, seed: int) -> TaskData[PromptDataset]:
-        """Disjoint train and held-out problem sets, drawn with ``seed``."""
+        """Disjoint train, validation and (with ``test_size``) test problem sets, drawn with
+        ``seed``."""
         n = self.cfg.max_operand + 1
         pairs = [(a, b) for a in range(n) for b in range(n)]
         random.Random(seed).shuffle(pairs)
-        val_pairs = pairs[: self.cfg.val_size]
-        train_pool = pairs[self.cfg.val_size :]
+        val_end = self.cfg.val_size
+        test_end = val_end + self.cfg.test_size
+        val_pairs, test_pairs, train_pool = (
+            pairs[:val_end],
+            pairs[val_end:test_end],
+            pairs[test_end:],
+        )
         if not train_pool:
             raise ValueError(
-                f"task.val_size={self.cfg.val_size} leaves no training problems out of {len(pairs)}"
+                f"task.val_size={self.cfg.val_size} and task.test_size={self.cfg.test_size} leave "
+                f"no training problems out of {len(pairs)}"
             )
         rng = random.Random(seed + 1)
         train_pairs = [rng.choice(train_pool) for _ in range(self.cfg.train_size)]
-        return TaskData(train=self._dataset(train_pairs), val=self._dataset(val_pairs))
+        test = self._dataset(test_pairs) if test_pairs else None
+        return TaskData(train=self._dataset(train_pairs), val=self._dataset(val_pairs), test=test)
 
     @staticmethod
     def _dataset(pairs: list[tuple[int, int]]) -> PromptDataset:
