@@ -238,3 +238,21 @@ def test_cli_train_accepts_overrides(tmp_path, warm_model_dir):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "held-out score" in proc.stdout and "peak memory" in proc.stdout
     assert (tmp_path / "actor" / "config.json").is_file()
+
+
+def test_mid_run_checkpoints_load_and_hold_that_step(tmp_path, warm_model_dir):
+    short_run(tmp_path, warm_model_dir, "trainer.save_freq=1")
+    mid = AutoModelForCausalLM.from_pretrained(tmp_path / "global_step_1" / "actor")
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "actor")
+    warm = AutoModelForCausalLM.from_pretrained(warm_model_dir)
+    assert not (tmp_path / "global_step_2").exists()  # the last step is the final actor
+    name = "lm_head.weight"
+    weights = [dict(m.named_parameters())[name] for m in (warm, mid, final)]
+    assert not torch.equal(weights[0], weights[1]) and not torch.equal(weights[1], weights[2])
+
+
+def test_several_nodes_without_a_cluster_address_is_a_clear_error(tmp_path, warm_model_dir):
+    with pytest.raises(ValueError, match="nnodes=2 needs a running Ray cluster"):
+        short_run(tmp_path / "a", warm_model_dir, "trainer.nnodes=2")
+    with pytest.raises(ValueError, match="gives no workers"):
+        short_run(tmp_path / "b", warm_model_dir, "trainer.n_workers_per_node=0")

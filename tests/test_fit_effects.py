@@ -289,3 +289,14 @@ def test_overlong_reward_zero_clears_only_cut_responses(rig):
     assert torch.equal(z[~cut], k[~cut])
     # A two-digit answer cut before its end-of-sequence token is still right when kept.
     assert k[cut].max() > 0, "no cut response scored: the test cannot tell keep from zero"
+
+
+def test_top_p_near_zero_samples_the_greedy_answer(rig):
+    """rollout.top_p reaches the sampler: a nucleus of one token is greedy decoding."""
+    cfg, worker = rig["cfg"], rig["workers"].actor
+    nucleus = collect(rig, actor_rollout_ref__rollout__top_p=1e-9)
+    params = sampling_params(cfg, rig["processor"], step_seed(cfg, 1), greedy=True)
+    greedy = worker.generate_sequences(rig["prompts"].clone().repeat(N), params)
+    assert torch.equal(nucleus["responses"], greedy["responses"])
+    hot = collect(rig)  # temperature 2, top_p 1: the samples of a prompt differ
+    assert not torch.equal(hot["responses"], greedy["responses"])
