@@ -9,8 +9,8 @@ import numpy as np
 from mmrl.worldmodel.video import write_mp4
 
 # The small recipe of the slow test and its benchmark (benchmarks/bench_worldmodel_videos.py):
-# 24 episodes of 32 frames at 48x64, F=2, a light tokenizer, 300 MLE steps, 20 GRPO steps.
-EPISODES, FRAMES, SHAPE = 24, 32, (48, 64)
+# 24 episodes of 16 frames at 48x64, F=2, a light tokenizer, 300 MLE steps, 20 GRPO steps.
+EPISODES, FRAMES, SHAPE = 24, 16, (48, 64)
 PRETRAIN = [
     "data.future=2",
     "tokenizer.model.block_out_channels=[8,16,16,16]",
