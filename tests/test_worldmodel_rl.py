@@ -241,6 +241,9 @@ def test_report_writes_markdown_pngs_and_gif(grid_dir, tmp_path):
         "mae": 0.05,
         "state_match": 0.5,
         "valid": 1.0,
+        "repetition": 0.25,
+        "psnr@t1": 21.0,
+        "lpips@t1": 0.09,
     }
     table = {m: {d: metrics for d in ("greedy", "sampled")} for m in ("base", "rl")}
     preds = {"base": windows.future, "rl": windows.future[:, :, ::-1]}
@@ -258,7 +261,9 @@ def test_report_writes_markdown_pngs_and_gif(grid_dir, tmp_path):
     readme = write_report(
         tmp_path / "report", history, {"table": table, "predictions": preds}, windows
     )
-    assert "| rl (greedy) | 20.00 |" in readme.read_text()
+    text = readme.read_text()
+    assert "| rl (greedy) | 20.00 |" in text and "| 0.250 | 1.00 |" in text  # repeated, valid
+    assert "## Per future step (t = 1..1)" in text and "| rl (greedy) | 21 | 0.09 |" in text
     for name in ("curves.png", "frames.png", "rollout.gif"):
         assert (tmp_path / "report" / name).stat().st_size > 1000
     gif = Image.open(tmp_path / "report" / "rollout.gif")

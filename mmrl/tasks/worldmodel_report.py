@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from mmrl.tasks.worldmodel_eval import format_table
+from mmrl.tasks.worldmodel_eval import format_steps, format_table
 
 CURVES = (  # (title, metric keys tried in order)
     ("reward -(MAE+LPIPS)", ("critic/score/mean",)),
@@ -128,6 +128,14 @@ def write_report(
         "GRPO; both decoded the same way.",
         "",
         format_table(rows_md, "model (decoding)"),
+        "",
+        "`repeated`: the fraction of predicted frames that stand still while the true frame "
+        "moves (mmrl.verifiers.repetition, the same function as the repetition_penalty "
+        "verifier and mmrl eval).",
+        "",
+        f"## Per future step (t = 1..{f})",
+        "",
+        format_steps(rows_md, f),
         "",
         "## Curves",
         "",
