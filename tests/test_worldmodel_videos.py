@@ -186,3 +186,34 @@ def test_state_match_rewards_are_refused_for_recorded_video(tmp_path):
         get_task("worldmodel_tokens")(cfg.task).build_prompt_processor(tmp_path, cfg)
     with pytest.raises(ValueError, match="task.pretrain.data.videos=DIR"):
         get_task("worldmodel_videos")(load_config(["task=worldmodel_videos"]).task)
+
+
+def test_eval_refuses_actions_outside_the_trained_range(tmp_path):
+    import torch
+
+    from mmrl.tasks.worldmodel_eval import TOKENIZER_SUBDIR
+    from mmrl.trainer.eval_worldmodel import main
+    from mmrl.worldmodel.envs import ActionSpec
+    from mmrl.worldmodel.token_lm import (
+        TokenLMConfig,
+        TokenWorldModelProcessor,
+        build_token_world_model,
+        save_token_world_model,
+    )
+    from mmrl.worldmodel.vocab import VocabLayout
+
+    torch.manual_seed(0)
+    tok = VQTokenizer(
+        build_vq_model(VQConfig(codebook_size=16, block_out_channels=[8] * 4), (48, 64))
+    )
+    action = ActionSpec("continuous", 3, low=-1.0, high=1.0)
+    proc = TokenWorldModelProcessor(VocabLayout(16, tok.grid, action), context=2, future=1)
+    model = build_token_world_model(proc, TokenLMConfig(64, 64, 1, 1, 1, 256))
+    save_token_world_model(model, proc, tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt" / TOKENIZER_SUBDIR)
+    videos = write_episodes(tmp_path / "videos", 1)
+    args = ["--model", str(tmp_path / "ckpt"), "--data", str(videos), "--windows", "2"]
+    assert main([*args, "--samples", "1"]) == 0  # actions in [-1, 1]: fine
+    np.save(videos / "ep00.npy", np.full((7, 3), 1.5, np.float32))
+    with pytest.raises(ValueError, match=r"actions span \[1.5, 1.5\], outside the range \[-1, 1\]"):
+        main(args)
