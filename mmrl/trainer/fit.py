@@ -33,6 +33,7 @@ from mmrl.trainer.experience import (
 from mmrl.trainer.guard import InvalidRateMonitor, batch_for_update
 from mmrl.trainer.metrics import compute_data_metrics
 from mmrl.trainer.tracking import Tracker
+from mmrl.utils.resources import process_tree_stats
 from mmrl.utils.seed import set_seed
 from mmrl.utils.timing import peak_rss_gib, timer
 from mmrl.verifiers import VerifierRunner
@@ -228,6 +229,7 @@ def fit(cfg: RunConfig) -> RunResult:
         for step in bar:
             workers.set_step(step)  # a worker failure names the step
             metrics = rl_step(cfg, step, loader.next(), worker, critic, processor, kl_ctrl, runner)
+            metrics.update(process_tree_stats())  # a leak shows as a rising system/* line
             last = step == cfg.trainer.total_steps
             if cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or last):
                 with timer("testing", metrics):
