@@ -25,13 +25,8 @@ from tensordict import TensorDict
 from mmrl import algos
 from mmrl.config import DataConfig
 from mmrl.data import ParquetSchemaError, load_vision_parquet, write_vision_parquet
-from mmrl.processors import (
-    PromptTooLongError,
-    VisionProcessor,
-    VisionSample,
-    VisionTokenMismatchError,
-    chat_prompt,
-)
+from mmrl.models.vlm_inputs import VisionTokenMismatchError
+from mmrl.processors import PromptTooLongError, VisionProcessor, VisionSample, chat_prompt
 from mmrl.processors.media import MediaError, read_video
 from mmrl.protocol import Batch
 from mmrl.verifiers import VERIFIERS
@@ -255,11 +250,14 @@ def vision_processor_dir(tmp_path_factory) -> Path:
 @given(
     text=st.text(max_size=40),
     sizes=st.lists(st.tuples(st.integers(1, 90), st.integers(1, 90)), max_size=3),
-    max_prompt_length=st.integers(8, 160),
+    videos=st.lists(
+        st.tuples(st.integers(1, 5), st.integers(1, 60), st.integers(1, 60)), max_size=2
+    ),
+    max_prompt_length=st.integers(8, 200),
     truncation=st.sampled_from(["error", "left", "right"]),
 )
-def test_vision_processor_on_random_prompts_and_images(
-    vision_processor_dir, text, sizes, max_prompt_length, truncation
+def test_vision_processor_on_random_prompts_images_and_videos(
+    vision_processor_dir, text, sizes, videos, max_prompt_length, truncation
 ):
     proc = VisionProcessor.from_pretrained(
         vision_processor_dir,
@@ -267,9 +265,10 @@ def test_vision_processor_on_random_prompts_and_images(
     )
     assume("<image>" not in text and "<video>" not in text)
     images = [Image.new("RGB", (w, h), (w % 255, h % 255, 7)) for h, w in sizes]
-    prompt = chat_prompt(proc.processor, "<image>" * len(images) + text)
+    clips = [np.full((f, h, w, 3), (f * 40) % 255, dtype=np.uint8) for f, h, w in videos]
+    prompt = chat_prompt(proc.processor, "<image>" * len(images) + "<video>" * len(clips) + text)
     try:
-        batch = proc.encode([VisionSample(prompt, images=images)])
+        batch = proc.encode([VisionSample(prompt, images=images, videos=clips)])
     except NAMED_PROCESSOR_ERRORS:
         return
     assert batch["input_ids"].shape[1] <= max_prompt_length
