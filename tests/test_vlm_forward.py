@@ -15,12 +15,8 @@ from mmrl.models.vlm import (
     vlm_forward_logits,
     vlm_response_log_probs,
 )
-from mmrl.processors import (
-    VisionProcessor,
-    VisionSample,
-    VisionTokenMismatchError,
-    chat_prompt,
-)
+from mmrl.models.vlm_inputs import VisionTokenMismatchError
+from mmrl.processors import VisionProcessor, VisionSample, chat_prompt
 from mmrl.protocol import Batch
 from mmrl.sampling import SamplingParams
 

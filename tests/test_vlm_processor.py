@@ -13,17 +13,15 @@ from PIL import Image
 
 from mmrl.config import DataConfig
 from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
-from mmrl.models.vlm_inputs import check_vision_tokens, mm_token_type_ids
-from mmrl.processors import (
-    PromptTooLongError,
-    VisionProcessor,
-    VisionSample,
+from mmrl.models.vlm_inputs import (
     VisionTokenMismatchError,
-    chat_prompt,
+    check_vision_tokens,
     collate_multi_modal,
     extend_position_ids,
+    mm_token_type_ids,
     split_multi_modal,
 )
+from mmrl.processors import PromptTooLongError, VisionProcessor, VisionSample, chat_prompt
 from mmrl.processors.media import read_video
 from mmrl.protocol import Batch
 
