@@ -45,3 +45,40 @@ def greedy_text_scores(model_dir: Path, cfg, dataset) -> np.ndarray:
         return np.asarray(runner.run(out).scores, dtype=float)
     finally:
         runner.close()
+
+
+def policy_scores(model_dir: Path, cfg, dataset, samples: int, do_sample: bool) -> np.ndarray:
+    """Per-prompt mean verifier score of ``samples`` answers of the checkpoint in ``model_dir``
+    (any policy family) on ``dataset``, through the task's processor and the run's verifiers.
+    Sampling seeds depend only on the prompt chunk, so two checkpoints get the same seeds."""
+    import torch
+
+    from mmrl.models import policy_family
+    from mmrl.sampling import SamplingParams
+    from mmrl.tasks import get_task
+    from mmrl.verifiers import VerifierRunner
+
+    family = policy_family(model_dir)
+    model = family.load(Path(model_dir)).eval()
+    tokenizer = family.load_tokenizer(Path(model_dir))
+    processor = get_task(cfg.task["name"])(cfg.task).build_prompt_processor(model_dir, cfg)
+    prompts = processor.encode_dataset(dataset, "test")
+    runner = VerifierRunner.from_config(cfg.reward)
+    scores = []
+    try:
+        for i, chunk in enumerate(prompts.split(32)):
+            settings = {
+                "max_tokens": cfg.data.max_response_length,
+                "temperature": 1.0,
+                "do_sample": do_sample,
+                "seed": 1000 + i,
+                **processor.sampling_overrides(),  # e.g. a latent policy's step count
+            }
+            params = SamplingParams(**settings)
+            with torch.no_grad():
+                out = family.generate(model, chunk.repeat(samples), params, tokenizer)
+            s = np.asarray(runner.run(processor.decode(out)).scores, dtype=float)
+            scores.append(s.reshape(len(chunk), samples).mean(1))
+    finally:
+        runner.close()
+    return np.concatenate(scores)

@@ -34,6 +34,7 @@ class VisualComparisonConfig:
     colors: list[str] = field(default_factory=lambda: ["red", "green", "blue"])
     train_size: int = 2000
     val_size: int = 128
+    test_size: int = 0  # images held out for final claims only (TaskData.test); 0: none
     question: str = "Are there more {first} or {second} shapes?"
     problem: str = "{question}<image>"  # image after the question, as in visual_counting
     instruction: str = " Think in <think></think>, then answer in <answer></answer>."

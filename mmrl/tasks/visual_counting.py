@@ -49,6 +49,7 @@ class VisualCountingConfig:
     colors: list[str] = field(default_factory=lambda: ["red", "green", "blue"])
     train_size: int = 2000
     val_size: int = 128
+    test_size: int = 0  # images held out for final claims only (TaskData.test); 0: none
     question: str = "How many {color} shapes are there?"
     # Where the image goes: before the question (`<image>{question}`) or after it. After it,
     # the image tokens see the asked colour (causal attention), which a 2-layer model needs.
@@ -135,11 +136,13 @@ class VisualCountingTask(Task[VisionPromptDataset]):
         self.name = self.cfg.name
 
     def build_data(self, seed: int) -> TaskData[VisionPromptDataset]:
-        """Train and held-out sets from different seeds (images are random, so they do not
-        repeat)."""
+        """Train, validation and (with ``test_size``) test sets from different seeds (images
+        are random, so they do not repeat)."""
+        test = self.make_dataset(self.cfg.test_size, seed + 20_000) if self.cfg.test_size else None
         return TaskData(
             train=self.make_dataset(self.cfg.train_size, seed),
             val=self.make_dataset(self.cfg.val_size, seed + 10_000),
+            test=test,
         )
 
     def make_dataset(self, n: int, seed: int) -> VisionPromptDataset:
