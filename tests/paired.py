@@ -14,8 +14,8 @@ def paired_gain(base: np.ndarray, rl: np.ndarray, label: str) -> tuple[float, fl
     d = np.asarray(rl, dtype=float) - np.asarray(base, dtype=float)
     mean, se = float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d)))
     print(
-        f"{label}: base {np.mean(base):.3f} -> RL {np.mean(rl):.3f} on {len(d)} paired prompts, "
-        f"gain {mean:+.3f}, standard error {se:.3f} ({mean / max(se, 1e-12):.1f} SE)"
+        f"{label}: base {np.mean(base):.4g} -> RL {np.mean(rl):.4g} on {len(d)} paired prompts, "
+        f"gain {mean:+.3g}, standard error {se:.3g} ({mean / max(se, 1e-12):.1f} SE)"
     )
     return mean, se
 

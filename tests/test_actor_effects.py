@@ -44,14 +44,16 @@ def model() -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(config).float()
 
 
-def response_log_probs_and_entropy(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+def response_log_probs_and_entropy(
+    model, batch: Batch, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The response tokens' log-probs and entropies, written out from the logits."""
     logits = model(
         input_ids=batch["input_ids"],
         attention_mask=batch["attention_mask"],
         position_ids=batch["position_ids"],
     ).logits[:, P - 1 : P + T - 1]
-    logp_all = torch.log_softmax(logits.float(), -1)
+    logp_all = torch.log_softmax(logits.float() / temperature, -1)
     logp = logp_all.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
@@ -138,10 +140,12 @@ HAND_KL = {
 HAND_KL.update(kl=HAND_KL["k1"], mse=HAND_KL["k2"], low_var_kl=HAND_KL["k3"])
 
 
-def expected_grads(model, batch: Batch, cfg: ActorConfig, use_is: bool) -> dict[str, torch.Tensor]:
+def expected_grads(
+    model, batch: Batch, cfg: ActorConfig, use_is: bool, temperature: float = 1.0
+) -> dict[str, torch.Tensor]:
     model = copy.deepcopy(model)
     keep = batch["response_mask"].bool() & batch["valid_mask"][:, None]
-    logp, entropy = response_log_probs_and_entropy(model, batch)
+    logp, entropy = response_log_probs_and_entropy(model, batch, temperature)
     adv = batch["advantages"] * (batch["rollout_is_weights"] if use_is else 1.0)
     fn = HAND_LOSSES[cfg.policy_loss]
     kwargs = {"keep": keep.float()} if cfg.policy_loss == "gspo" else {}
@@ -156,7 +160,9 @@ def expected_grads(model, batch: Batch, cfg: ActorConfig, use_is: bool) -> dict[
     return {n: p.grad for n, p in model.named_parameters()}
 
 
-def actor_grads(model, batch: Batch, cfg: ActorConfig) -> dict[str, torch.Tensor]:
+def actor_grads(
+    model, batch: Batch, cfg: ActorConfig, temperature: float = 1.0
+) -> dict[str, torch.Tensor]:
     """Minus the weight change of one SGD step with lr 1: the gradient the actor applied."""
     model = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -167,7 +173,7 @@ def actor_grads(model, batch: Batch, cfg: ActorConfig) -> dict[str, torch.Tensor
         batch.clone(),
         cfg,
         mini_batch_size=B,
-        temperature=1.0,
+        temperature=temperature,
         seed=0,
     )
     return {n: before[n] - p.detach() for n, p in model.named_parameters()}
@@ -298,3 +304,16 @@ def test_a_non_finite_gradient_skips_the_step(model, batch):
     assert metrics["actor/skipped_steps"] == 1.0
     for p, q in zip(moved.parameters(), model.parameters(), strict=True):
         assert torch.equal(p, q)
+
+
+def test_clip_settings_and_temperature_reach_the_gradient(model, batch):
+    """Non-default clip ratios and a rollout temperature: the actor must use them, not the
+    loss's own defaults or temperature 1 (mutation testing found both unchecked)."""
+    plain = batch.clone()
+    plain.pop(["rollout_is_weights"])
+    cfg = base_config(clip_ratio_low=0.1, clip_ratio_high=0.5, clip_ratio_c=1.5)
+    got = actor_grads(model, plain, cfg, temperature=0.7)
+    assert_same(got, expected_grads(model, plain, cfg, use_is=False, temperature=0.7))
+    name = "lm_head.weight"
+    assert not torch.allclose(got[name], actor_grads(model, plain, base_config())[name])
+    assert not torch.allclose(got[name], actor_grads(model, plain, cfg)[name])

@@ -66,7 +66,7 @@ def rig(tmp_path_factory, warm_model_dir):
     runner.close()
 
 
-def collect(rig, critic: bool = False, **settings) -> Batch:
+def collect(rig, critic: bool = False, metrics: dict | None = None, **settings) -> Batch:
     """One step's experience with ``settings`` (dotted paths under the run config)."""
     cfg = copy.deepcopy(rig["cfg"])
     for path, value in settings.items():
@@ -85,7 +85,7 @@ def collect(rig, critic: bool = False, **settings) -> Batch:
         rig["processor"],
         build_kl_controller(cfg.algorithm.kl_ctrl),
         rig["runner"],
-        {},
+        {} if metrics is None else metrics,
     )
 
 
@@ -244,9 +244,10 @@ def test_gae_uses_the_critic_values(rig):
 
 @pytest.mark.parametrize("kind", sorted(KL_PENALTIES))
 def test_kl_in_reward_lowers_rewards_by_coef_times_kl(rig, kind):
-    coef = 0.37
+    coef, metrics = 0.37, {}
     batch = collect(
         rig,
+        metrics=metrics,
         algorithm__use_kl_in_reward=True,
         algorithm__kl_penalty=kind,
         algorithm__kl_ctrl__kl_coef=coef,
@@ -256,6 +257,15 @@ def test_kl_in_reward_lowers_rewards_by_coef_times_kl(rig, kind):
     assert kl.abs().max() > 1e-4, "actor and reference agree: the KL test shows nothing"
     want = batch["token_level_scores"] - coef * kl
     torch.testing.assert_close(batch["token_level_rewards"], want, atol=1e-6, rtol=1e-5)
+    # The logged KL (what an adaptive controller steers by): the mean over valid samples of
+    # each sample's per-token mean.
+    rows = [
+        float(kl[i][mask[i].bool()].mean())
+        for i in range(len(batch))
+        if batch["valid_mask"][i] and mask[i].any()
+    ]
+    assert metrics["actor/reward_kl_penalty"] == pytest.approx(np.mean(rows), rel=1e-5)
+    assert metrics["actor/reward_kl_penalty_coeff"] == coef
 
 
 def test_without_kl_in_reward_rewards_are_the_scores(rig):

@@ -138,6 +138,7 @@ def make_experience(
                 batch["response_mask"],
                 kl_ctrl,
                 algo.kl_penalty,
+                valid_mask=batch["valid_mask"],  # invalid samples stay out of the KL statistic
             )
             metrics.update(kl_metrics)
         else:
