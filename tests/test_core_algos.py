@@ -500,6 +500,21 @@ def test_apply_kl_penalty() -> None:
     assert ctrl.value == pytest.approx(0.2 * (1 - 0.2 * 2 / 10))
 
 
+def test_apply_kl_penalty_statistic_skips_invalid_and_empty_rows() -> None:
+    """The batch KL (logged, and what an adaptive controller steers by) averages the per-row
+    token means of valid rows that have response tokens; a one-token row counts."""
+    logp = torch.tensor([[-1.0, -2.0], [-1.0, -1.0], [-3.0, -3.0], [-2.0, -2.0]])
+    ref = torch.tensor([[-1.5, -1.5], [-2.0, -2.0], [-1.0, -1.0], [-1.0, -1.0]])
+    mask = torch.tensor([[1, 1], [1, 0], [1, 1], [0, 0]]).float()
+    valid = torch.tensor([True, True, False, True])
+    ctrl = FixedKLController(0.1)
+    _, metrics = apply_kl_penalty(
+        torch.zeros(4, 2), logp, ref, mask, ctrl, kind="k1", valid_mask=valid
+    )
+    # row 0: mean(0.5, -0.5) = 0; row 1: 1.0 (one token); row 2 invalid; row 3 no tokens.
+    assert metrics["actor/reward_kl_penalty"] == pytest.approx(0.5)
+
+
 # --------------------------------------------------------------------------- value loss, entropy
 
 
@@ -516,6 +531,22 @@ def test_value_loss_clipping() -> None:
     torch.testing.assert_close(
         vpreds.grad, torch.tensor([[0.0, 0.5 * 2 * (0.1 - 1.0) / 3, 0.0, 0.0]])
     )
+
+
+def test_value_loss_leaves_invalid_rows_out() -> None:
+    """An invalid sample (its verifier failed) adds nothing to the value loss, its gradient
+    or its clip fraction."""
+    vpreds = torch.tensor([[0.5, 0.1], [3.0, 3.0]], requires_grad=True)
+    returns = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    mask = torch.ones(2, 2)
+    valid = torch.tensor([True, False])
+    loss, metrics = compute_value_loss(
+        vpreds, returns, torch.zeros(2, 2), mask, cliprange_value=10.0, valid_mask=valid
+    )
+    assert loss.item() == pytest.approx(0.5 * (0.25 + 0.81) / 2)
+    assert metrics["vf_clipfrac"] == 0.0
+    loss.backward()
+    assert torch.equal(vpreds.grad[1], torch.zeros(2))
 
 
 def test_entropy_matches_categorical() -> None:
