@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the metrics here")
     args = p.parse_args(argv)
     sampled = f"model (sampled x{args.samples}, T={args.temperature:g})"
+    if not Path(args.model).is_dir():  # before the family check, whose message is about training
+        raise FileNotFoundError(f"world-model checkpoint {args.model} does not exist")
     if policy_family(args.model).name == "latent":  # a token world model is a text LM
         policy, ae = load_latent_policy(args.model)
         context, future = policy.cfg.context, args.future or 2
