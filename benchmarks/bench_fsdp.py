@@ -29,11 +29,12 @@ from pathlib import Path
 
 import torch
 
+from mmrl.algos import build_kl_controller
 from mmrl.config import load_config
 from mmrl.hybrid import build_workers, init_ray
 from mmrl.tasks import get_task
 from mmrl.tasks.text_addition import build_char_tokenizer
-from mmrl.trainer.fit import PromptLoader, build_kl_controller, rl_step
+from mmrl.trainer.fit import PromptLoader, rl_step
 from mmrl.utils.seed import set_seed
 from mmrl.verifiers import VerifierRunner
 

@@ -11,7 +11,6 @@ import torch
 from mmrl.algos import (
     ADV_ESTIMATORS,
     AdaptiveKLController,
-    AdvantageConfig,
     FixedKLController,
     PolicyLossConfig,
     agg_loss,
@@ -24,6 +23,7 @@ from mmrl.algos import (
     register_adv_estimator,
     rollout_is_weights,
 )
+from mmrl.config import AlgorithmConfig
 
 T = 4
 
@@ -95,7 +95,7 @@ def run_estimator(name: str, index=None, **kw):
 
 @pytest.mark.parametrize("norm", [True, False])
 def test_grpo_matches_reference(norm: bool) -> None:
-    adv, returns = run_estimator("grpo", config=AdvantageConfig(norm_adv_by_std_in_grpo=norm))
+    adv, returns = run_estimator("grpo", config=AlgorithmConfig(norm_adv_by_std_in_grpo=norm))
     expected = broadcast(ref_grpo(norm), LENGTHS)
     torch.testing.assert_close(adv, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(returns, adv)
@@ -105,8 +105,8 @@ def test_grpo_matches_reference(norm: bool) -> None:
 
 def test_grpo_int_tensor_index_matches_strings() -> None:
     ids = torch.tensor([ord(u) for u in UIDS])
-    adv_int, _ = run_estimator("grpo", index=ids, config=AdvantageConfig())
-    adv_str, _ = run_estimator("grpo", config=AdvantageConfig())
+    adv_int, _ = run_estimator("grpo", index=ids, config=AlgorithmConfig())
+    adv_str, _ = run_estimator("grpo", config=AlgorithmConfig())
     torch.testing.assert_close(adv_int, adv_str)
 
 
@@ -119,7 +119,7 @@ def test_rloo_matches_reference() -> None:
             others.remove(s)
         ok = VALID[i] and len(group) >= 2
         expected.append(s - sum(others) / len(others) if ok else 0.0)
-    adv, _ = run_estimator("rloo", config=AdvantageConfig())
+    adv, _ = run_estimator("rloo", config=AlgorithmConfig())
     torch.testing.assert_close(adv, broadcast(expected, LENGTHS), atol=1e-5, rtol=1e-5)
     assert torch.equal(adv[4:8], torch.zeros(4, T))
 
@@ -131,7 +131,7 @@ def test_reinforce_plus_plus_baseline_matches_reference() -> None:
         centered.append(s - sum(group) / len(group) if VALID[i] else 0.0)
     keep = [[VALID[i] and j < n for j in range(T)] for i, n in enumerate(LENGTHS)]
     rows = [[c] * T for c in centered]
-    adv, _ = run_estimator("reinforce_plus_plus_baseline", config=AdvantageConfig())
+    adv, _ = run_estimator("reinforce_plus_plus_baseline", config=AlgorithmConfig())
     torch.testing.assert_close(adv, torch.tensor(ref_whiten(rows, keep)), atol=1e-5, rtol=1e-5)
 
 
@@ -174,7 +174,7 @@ def test_gae_matches_hand_rolled_loop() -> None:
         valid_mask=valid,
         index=None,
         values=values,
-        config=AdvantageConfig(gamma=gamma, lam=lam),
+        config=AlgorithmConfig(gamma=gamma, lam=lam),
     )
     torch.testing.assert_close(returns, torch.tensor(ret), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(adv, torch.tensor(ref_whiten(raw, keep)), atol=1e-5, rtol=1e-5)
@@ -200,7 +200,7 @@ def test_reinforce_plus_plus_return_to_go() -> None:
         response_mask=mask,
         valid_mask=valid,
         index=None,
-        config=AdvantageConfig(gamma=gamma),
+        config=AlgorithmConfig(gamma=gamma),
     )
     torch.testing.assert_close(returns, torch.tensor(rtg), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(adv, torch.tensor(ref_whiten(rtg, keep)), atol=1e-5, rtol=1e-5)
@@ -214,7 +214,7 @@ def test_reinforce_plus_plus_carries_the_return_across_observation_steps() -> No
         token_level_rewards=rewards,
         response_mask=mask,
         index=None,
-        config=AdvantageConfig(gamma=0.5),
+        config=AlgorithmConfig(gamma=0.5),
     )
     # The masked step is skipped, not discounted, and its reward is ignored.
     torch.testing.assert_close(returns, torch.tensor([[0.25, 0.0, 0.5, 1.0]]))
@@ -228,7 +228,7 @@ def test_remax_return_is_undiscounted() -> None:
         "index": None,
         "reward_baselines": torch.tensor([0.5]),
     }
-    adv, returns = get_adv_estimator("remax")(config=AdvantageConfig(gamma=0.5), **common)
+    adv, returns = get_adv_estimator("remax")(config=AlgorithmConfig(gamma=0.5), **common)
     # The greedy baseline is an undiscounted sequence score, so the return is too.
     torch.testing.assert_close(returns, torch.ones(1, 3))
     torch.testing.assert_close(adv, torch.full((1, 3), 0.5))
@@ -245,7 +245,7 @@ def test_remax() -> None:
         response_mask=mask,
         index=None,
         reward_baselines=baselines,
-        config=AdvantageConfig(),
+        config=AlgorithmConfig(),
     )
     torch.testing.assert_close(returns, torch.tensor(expected_returns))
     torch.testing.assert_close(adv, torch.tensor(expected_adv))
@@ -261,7 +261,7 @@ def test_estimators_never_nan(name: str) -> None:
         index=np.array(["x", "x", "x", "x"], dtype=object),
         values=torch.zeros(4, T),
         reward_baselines=torch.ones(4),
-        config=AdvantageConfig(),
+        config=AlgorithmConfig(),
     )
     assert torch.isfinite(adv).all() and torch.isfinite(returns).all()
     assert torch.equal(adv[1], torch.zeros(T)) and torch.equal(adv[3], torch.zeros(T))
@@ -271,7 +271,7 @@ def test_estimators_never_nan(name: str) -> None:
 
 def test_missing_inputs_raise() -> None:
     rewards, mask = outcome_batch([1.0, 0.0], [2, 2])
-    common = {"token_level_rewards": rewards, "response_mask": mask, "config": AdvantageConfig()}
+    common = {"token_level_rewards": rewards, "response_mask": mask, "config": AlgorithmConfig()}
     with pytest.raises(ValueError, match="values"):
         get_adv_estimator("gae")(index=None, **common)
     with pytest.raises(ValueError, match="reward_baselines"):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from mmrl.errors import VerifierError
 from mmrl.protocol import Batch
 from mmrl.verifiers import available, get_verifier, score_batch
 from mmrl.verifiers.plugins import portable_ref
@@ -62,13 +63,14 @@ def test_path_plugin_is_loaded_once_and_named_after_its_function(tmp_path):
 
 
 def test_bad_references_explain_what_was_expected(tmp_path):
-    with pytest.raises(ValueError, match="unknown verifier 'nope'.*not registered.*entry point"):
+    # A reference that names nothing is the user's mistake: a VerifierError, printed short.
+    with pytest.raises(VerifierError, match="unknown verifier 'nope'.*not registered.*entry point"):
         get_verifier("nope")
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(VerifierError, match="does not exist"):
         get_verifier(f"{tmp_path}/missing.py:fn")
-    with pytest.raises(ModuleNotFoundError, match="cannot import module 'no_such_pkg.mod'"):
+    with pytest.raises(VerifierError, match="cannot import module 'no_such_pkg.mod'"):
         get_verifier("no_such_pkg.mod:fn")
-    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+    with pytest.raises(VerifierError, match="has no attribute 'nothing'"):
         get_verifier("mmrl.verifiers.image:nothing")
     with pytest.raises(ValueError, match="appear more than once.*alias"):
         bind_all([("psnr", 1.0), ("psnr", 0.5)])

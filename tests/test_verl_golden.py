@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from mmrl import algos
+from mmrl.config import AlgorithmConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = json.loads((ROOT / "tests" / "data" / "verl_golden.json").read_text())
@@ -57,7 +58,7 @@ def run_estimator(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
         token_level_rewards=f64(inputs["token_level_rewards"]),
         response_mask=f64(inputs["response_mask"]),
         index=np.array(inputs["index"], dtype=object) if "index" in inputs else None,
-        config=algos.AdvantageConfig(
+        config=AlgorithmConfig(
             gamma=cfg.get("gamma", 1.0),
             lam=cfg.get("lam", 1.0),
             norm_adv_by_std_in_grpo=cfg.get("norm_adv_by_std_in_grpo", True),

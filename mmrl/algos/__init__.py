@@ -7,7 +7,7 @@ under the name that configs use. Shapes: ``B`` samples, ``T`` response steps,
 
 from mmrl.algos.advantages import (
     ADV_ESTIMATORS,
-    AdvantageConfig,
+    GROUP_STD_EPS,
     AdvantageEstimator,
     GroupStats,
     as_group_ids,
@@ -17,11 +17,13 @@ from mmrl.algos.advantages import (
     register_adv_estimator,
 )
 from mmrl.algos.kl import (
+    KL_CONTROLLERS,
     KL_PENALTIES,
     AdaptiveKLController,
     FixedKLController,
     KLController,
     apply_kl_penalty,
+    build_kl_controller,
     kl_penalty,
 )
 from mmrl.algos.policy_losses import (
@@ -39,11 +41,12 @@ from mmrl.algos.value import compute_value_loss
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "GROUP_STD_EPS",
     "AGG_MODES",
+    "KL_CONTROLLERS",
     "KL_PENALTIES",
     "POLICY_LOSSES",
     "AdaptiveKLController",
-    "AdvantageConfig",
     "AdvantageEstimator",
     "FixedKLController",
     "GroupStats",
@@ -52,6 +55,7 @@ __all__ = [
     "PolicyLossConfig",
     "agg_loss",
     "apply_kl_penalty",
+    "build_kl_controller",
     "as_group_ids",
     "compute_value_loss",
     "discounted_returns",

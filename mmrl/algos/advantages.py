@@ -8,6 +8,7 @@ registered under its config name and called with the same keywords::
         valid_mask=None, values=None, reward_baselines=None,
     )
 
+``config`` is the run's ``algorithm`` section (:class:`~mmrl.config.AlgorithmConfig`).
 Samples with ``valid_mask[i] == False`` (a verifier failed on them), and rows with
 no response step, are left out of group and batch statistics and get zero
 advantage and zero returns.
@@ -16,7 +17,6 @@ advantage and zero returns.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -24,44 +24,29 @@ import torch
 from torch import Tensor
 
 from mmrl.algos.stats import masked_whiten
+from mmrl.config.schema import AlgorithmConfig
+from mmrl.utils.registry import Registry
 
 AdvantageEstimator = Callable[..., tuple[Tensor, Tensor]]
-ADV_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+# Traits: ``needs_groups`` (compares the samples of one prompt: rollout.n must be >= 2),
+# ``needs_critic`` (reads ``values``: the fit loop builds a critic), ``needs_baselines``
+# (reads ``reward_baselines``: the fit loop scores one greedy response per prompt).
+ADV_ESTIMATORS: Registry[AdvantageEstimator] = Registry(
+    "advantage estimator", "algorithm.adv_estimator"
+)
+GROUP_STD_EPS = 1e-6  # added to the group std before dividing (GRPO)
 
 
-@dataclass
-class AdvantageConfig:
-    """Estimator settings.
-
-    gamma: discount per response step (GAE, REINFORCE++).
-    lam: GAE lambda.
-    norm_adv_by_std_in_grpo: divide GRPO advantages by the group std; False gives Dr.GRPO.
-    epsilon: added to the group std before dividing.
-    """
-
-    gamma: float = 1.0
-    lam: float = 1.0
-    norm_adv_by_std_in_grpo: bool = True
-    epsilon: float = 1e-6
-
-
-def register_adv_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
-    """Register an advantage estimator under the config name ``name``."""
-
-    def decorator(fn: AdvantageEstimator) -> AdvantageEstimator:
-        if name in ADV_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADV_ESTIMATORS[name] = fn
-        return fn
-
-    return decorator
+def register_adv_estimator(
+    name: str, **traits: bool
+) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+    """Register an advantage estimator under the config name ``name`` with its traits."""
+    return ADV_ESTIMATORS.register(name, **traits)
 
 
 def get_adv_estimator(name: str) -> AdvantageEstimator:
-    """Return the estimator registered as ``name``; ValueError lists the known names."""
-    if name not in ADV_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADV_ESTIMATORS)}")
-    return ADV_ESTIMATORS[name]
+    """Return the estimator registered as ``name``; ConfigError lists the known names."""
+    return ADV_ESTIMATORS.get(name)
 
 
 # --------------------------------------------------------------------------- group statistics
@@ -170,13 +155,13 @@ def discounted_returns(token_level_rewards: Tensor, mask: Tensor, gamma: float) 
 # --------------------------------------------------------------------------- estimators
 
 
-@register_adv_estimator("grpo")
+@register_adv_estimator("grpo", needs_groups=True)
 def compute_grpo_advantage(
     *,
     token_level_rewards: Tensor,
     response_mask: Tensor,
     index: np.ndarray | Tensor | None,
-    config: AdvantageConfig | None = None,
+    config: AlgorithmConfig | None = None,
     valid_mask: Tensor | None = None,
     values: Tensor | None = None,
     reward_baselines: Tensor | None = None,
@@ -186,30 +171,30 @@ def compute_grpo_advantage(
     token_level_rewards: [B, T] rewards; the sequence score is their sum over the response.
     response_mask: [B, T] 1 on valid response steps.
     index: [B] group uid per sample (numpy array of strings or int tensor).
-    config: uses ``norm_adv_by_std_in_grpo`` (False: ``score - mean``, Dr.GRPO) and ``epsilon``.
+    config: uses ``norm_adv_by_std_in_grpo`` (False: ``score - mean``, Dr.GRPO).
     valid_mask: [B] bool; invalid samples are left out of the group statistics.
     Returns (advantages [B, T], returns [B, T]), equal, broadcast over the response.
     Groups with fewer than two valid samples, or whose valid scores are all equal, get 0.
     """
-    config = config or AdvantageConfig()
+    config = config or AlgorithmConfig()
     mask, valid = _prepare(token_level_rewards, response_mask, valid_mask)
     groups = _require_groups(index, mask.shape[0], mask.device, "grpo")
     scores = _outcome_scores(token_level_rewards, mask)
     stats = group_stats(scores, valid, groups)
     centered = scores - stats.mean
     if config.norm_adv_by_std_in_grpo:
-        centered = centered / (stats.std + config.epsilon)
+        centered = centered / (stats.std + GROUP_STD_EPS)
     adv = torch.where(stats.varies, centered, torch.zeros_like(centered))[:, None] * mask
     return adv, adv
 
 
-@register_adv_estimator("rloo")
+@register_adv_estimator("rloo", needs_groups=True)
 def compute_rloo_advantage(
     *,
     token_level_rewards: Tensor,
     response_mask: Tensor,
     index: np.ndarray | Tensor | None,
-    config: AdvantageConfig | None = None,
+    config: AlgorithmConfig | None = None,
     valid_mask: Tensor | None = None,
     values: Tensor | None = None,
     reward_baselines: Tensor | None = None,
@@ -230,13 +215,13 @@ def compute_rloo_advantage(
     return adv, adv
 
 
-@register_adv_estimator("gae")
+@register_adv_estimator("gae", needs_critic=True)
 def compute_gae_advantage(
     *,
     token_level_rewards: Tensor,
     response_mask: Tensor,
     index: np.ndarray | Tensor | None = None,
-    config: AdvantageConfig | None = None,
+    config: AlgorithmConfig | None = None,
     valid_mask: Tensor | None = None,
     values: Tensor | None = None,
     reward_baselines: Tensor | None = None,
@@ -250,7 +235,7 @@ def compute_gae_advantage(
     """
     if values is None:
         raise ValueError("advantage estimator 'gae' needs `values` [B, T] from the critic")
-    config = config or AdvantageConfig()
+    config = config or AlgorithmConfig()
     mask, _ = _prepare(token_level_rewards, response_mask, valid_mask)
     gamma, lam = config.gamma, config.lam
     next_value = values.new_zeros(values.shape[0])
@@ -273,7 +258,7 @@ def compute_reinforce_plus_plus_advantage(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     index: np.ndarray | Tensor | None = None,
-    config: AdvantageConfig | None = None,
+    config: AlgorithmConfig | None = None,
     valid_mask: Tensor | None = None,
     values: Tensor | None = None,
     reward_baselines: Tensor | None = None,
@@ -283,19 +268,19 @@ def compute_reinforce_plus_plus_advantage(
     token_level_rewards: [B, T]. response_mask: [B, T]. config: uses ``gamma``. valid_mask: [B].
     Returns (advantages [B, T] whitened, returns [B, T] return-to-go).
     """
-    config = config or AdvantageConfig()
+    config = config or AlgorithmConfig()
     mask, _ = _prepare(token_level_rewards, response_mask, valid_mask)
     returns = discounted_returns(token_level_rewards, mask, config.gamma)
     return masked_whiten(returns, mask), returns
 
 
-@register_adv_estimator("reinforce_plus_plus_baseline")
+@register_adv_estimator("reinforce_plus_plus_baseline", needs_groups=True)
 def compute_reinforce_plus_plus_baseline_advantage(
     *,
     token_level_rewards: Tensor,
     response_mask: Tensor,
     index: np.ndarray | Tensor | None,
-    config: AdvantageConfig | None = None,
+    config: AlgorithmConfig | None = None,
     valid_mask: Tensor | None = None,
     values: Tensor | None = None,
     reward_baselines: Tensor | None = None,
@@ -314,13 +299,13 @@ def compute_reinforce_plus_plus_baseline_advantage(
     return adv, adv
 
 
-@register_adv_estimator("remax")
+@register_adv_estimator("remax", needs_baselines=True)
 def compute_remax_advantage(
     *,
     token_level_rewards: Tensor,
     response_mask: Tensor,
     index: np.ndarray | Tensor | None = None,
-    config: AdvantageConfig | None = None,
+    config: AlgorithmConfig | None = None,
     valid_mask: Tensor | None = None,
     values: Tensor | None = None,
     reward_baselines: Tensor | None = None,

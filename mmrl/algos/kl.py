@@ -12,6 +12,8 @@ import torch
 from torch import Tensor
 
 from mmrl.algos.stats import masked_mean
+from mmrl.config.schema import KLControlConfig
+from mmrl.utils.registry import Registry
 
 
 def _k1(log_ratio: Tensor) -> Tensor:
@@ -32,15 +34,12 @@ def _k3(log_ratio: Tensor) -> Tensor:
     return torch.clamp(torch.exp(ref_minus_logp) - ref_minus_logp - 1, -10.0, 10.0)
 
 
-KL_PENALTIES: dict[str, Callable[[Tensor], Tensor]] = {
-    "k1": _k1,
-    "kl": _k1,
-    "abs": _abs,
-    "k2": _k2,
-    "mse": _k2,
-    "k3": _k3,
-    "low_var_kl": _k3,
-}
+KL_PENALTIES: Registry[Callable[[Tensor], Tensor]] = Registry("KL estimator")
+for _names, _fn in ((("k1", "kl"), _k1), (("abs",), _abs), (("k2", "mse"), _k2)):
+    for _name in _names:
+        KL_PENALTIES.add(_name, _fn)
+KL_PENALTIES.add("k3", _k3)
+KL_PENALTIES.add("low_var_kl", _k3)
 
 
 def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, kind: str) -> Tensor:
@@ -53,9 +52,7 @@ def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, kind: str) -> Tensor:
     clamped to [-10, 10]).
     Returns [B, T].
     """
-    if kind not in KL_PENALTIES:
-        raise ValueError(f"unknown KL penalty kind {kind!r}; known: {sorted(KL_PENALTIES)}")
-    return KL_PENALTIES[kind](log_prob - ref_log_prob)
+    return KL_PENALTIES.get(kind)(log_prob - ref_log_prob)
 
 
 class KLController(Protocol):
@@ -91,6 +88,20 @@ class AdaptiveKLController:
         """current_kl: the batch's measured KL. n_steps: samples in the batch."""
         error = min(max(current_kl / self.target_kl - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_steps / self.horizon
+
+
+KL_CONTROLLERS: Registry[Callable[[KLControlConfig], KLController]] = Registry(
+    "KL controller", "algorithm.kl_ctrl.type"
+)
+KL_CONTROLLERS.add("fixed", lambda cfg: FixedKLController(cfg.kl_coef))
+KL_CONTROLLERS.add(
+    "adaptive", lambda cfg: AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.horizon)
+)
+
+
+def build_kl_controller(cfg: KLControlConfig) -> KLController:
+    """The controller ``algorithm.kl_ctrl.type`` names, set up from ``algorithm.kl_ctrl``."""
+    return KL_CONTROLLERS.get(cfg.type)(cfg)
 
 
 def apply_kl_penalty(

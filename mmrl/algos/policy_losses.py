@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from mmrl.algos.stats import masked_mean
+from mmrl.utils.registry import Registry
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOG_RATIO_CLAMP = 20.0  # |log ratio| bound before exp: e**20 ~ 4.9e8 stays finite in fp32
@@ -29,7 +30,7 @@ LOG_RATIO_CLAMP = 20.0  # |log ratio| bound before exp: e**20 ~ 4.9e8 stays fini
 GSPO_LOG_RATIO_MAX = 10.0
 
 PolicyLoss = Callable[..., tuple[Tensor, dict[str, float]]]
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "actor_rollout_ref.actor.policy_loss")
 
 
 def agg_loss(
@@ -105,23 +106,14 @@ class PolicyLossConfig:
                 raise ValueError(f"{key}={getattr(self, key)!r} is not one of {list(AGG_MODES)}")
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+def register_policy_loss(name: str, **traits: object) -> Callable[[PolicyLoss], PolicyLoss]:
     """Register a policy loss under the config name ``name``."""
-
-    def decorator(fn: PolicyLoss) -> PolicyLoss:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorator
+    return POLICY_LOSSES.register(name, **traits)
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
-    """Return the policy loss registered as ``name``; ValueError lists the known names."""
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSSES)}")
-    return POLICY_LOSSES[name]
+    """Return the policy loss registered as ``name``; ConfigError lists the known names."""
+    return POLICY_LOSSES.get(name)
 
 
 def _token_mask(response_mask: Tensor, valid_mask: Tensor | None) -> Tensor:

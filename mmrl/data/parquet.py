@@ -30,12 +30,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mmrl.errors import DataError
 from mmrl.processors.vision import PLACEHOLDER, VisionSample, chat_prompt
 
 MEDIA_STRUCT = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
 
-class ParquetSchemaError(ValueError):
+class ParquetSchemaError(DataError):
     """A parquet file does not follow the VLM prompt layout."""
 
 
@@ -64,7 +65,7 @@ class VisionPromptDataset:
                 setattr(self, name, [[] if name != "extra_info" else {} for _ in range(n)])
         for name in ("ground_truth", "images", "videos", "extra_info"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"dataset has {n} problems but {len(getattr(self, name))} {name}")
+                raise DataError(f"dataset has {n} problems but {len(getattr(self, name))} {name}")
 
     def __len__(self) -> int:
         return len(self.problems)
@@ -130,7 +131,9 @@ def load_vision_parquet(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"parquet file {path} does not exist")
+        raise DataError(
+            f"parquet file {path} does not exist", fix="check task.train_files/val_files"
+        )
     try:  # a damaged file must name itself, not surface as an arrow error from deep inside
         schema = pq.read_schema(path)
     except (pa.ArrowException, OSError, ValueError) as err:  # ValueError: bad UTF-8 in the footer

@@ -15,6 +15,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from mmrl.errors import MMRLError
 from mmrl.hybrid.dispatch import Args
 from mmrl.hybrid.group import WorkerError, WorkerGroup, WorkerHost
 
@@ -164,7 +165,13 @@ class RayWorkerGroup(WorkerGroup):
                 raise self._failure(rank_of[ref], what, err) from err
         return [results[ref] for ref in refs]
 
-    def _failure(self, rank: int, what: str, err: RayError) -> WorkerError:
+    def _failure(self, rank: int, what: str, err: RayError) -> Exception:
+        """The error to raise for rank ``rank``'s failure; the group is stopped either way.
+
+        An expected error (:class:`~mmrl.errors.MMRLError`, e.g. bad data on one rank) comes
+        back as itself, in its short form, with the rank prefixed; anything else is a
+        :class:`WorkerError` that carries the remote traceback.
+        """
         how = "died" if isinstance(err, RayActorError) else "raised an error"
         step = f" at RL step {self.step}" if self.step is not None else ""
         message = (
@@ -173,6 +180,9 @@ class RayWorkerGroup(WorkerGroup):
         )
         self.shutdown()
         self.stopped = message
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, MMRLError):
+            return cause.at(f"rank {rank} of {self.world_size}{step}")
         return WorkerError(f"{message}; the group is stopped. Cause: {err}")
 
     def shutdown(self) -> None:

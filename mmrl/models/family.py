@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from mmrl.errors import CheckpointError, ConfigError
 from mmrl.protocol import Batch
 from mmrl.sampling import SamplingParams
 
@@ -31,7 +32,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of ``actor_rollout_ref.model.dtype``."""
     if name not in DTYPES:
-        raise ValueError(
+        raise ConfigError(
             f"actor_rollout_ref.model.dtype={name!r}; expected one of {sorted(DTYPES)}"
         )
     return DTYPES[name]
@@ -102,7 +103,7 @@ class PolicyFamily:
 
     def load_critic(self, path: Path) -> nn.Module:
         """A value model initialised from the policy's weights (GAE)."""
-        raise ValueError(
+        raise ConfigError(
             f"a {self.name} policy has no critic: algorithm.adv_estimator=gae needs one; "
             "choose a critic-free estimator (grpo, rloo, reinforce_plus_plus, remax)"
         )
@@ -113,7 +114,7 @@ class PolicyFamily:
 
     def vllm_serving(self, path: Path, tokenizer: Any) -> VLLMServing:
         """What a vLLM engine must do to serve this kind."""
-        raise ValueError(
+        raise ConfigError(
             f"a {self.name} policy cannot be served by vLLM: set actor_rollout_ref.rollout.name=hf"
         )
 
@@ -135,19 +136,19 @@ def register_family(name: str) -> Callable[[type[PolicyFamily]], type[PolicyFami
 def get_family(name: str) -> PolicyFamily:
     """The registered family ``name``."""
     if name not in FAMILIES:
-        raise ValueError(f"unknown policy family {name!r}; registered: {sorted(FAMILIES)}")
+        raise ConfigError(f"unknown policy family {name!r}; registered: {sorted(FAMILIES)}")
     return FAMILIES[name]
 
 
 def policy_family(path: str | Path) -> PolicyFamily:
     """The one family whose files the folder ``path`` holds.
 
-    Raises a :class:`FileNotFoundError` naming the folder and what each family expects
-    when none (or, for an ambiguous folder, more than one) matches.
+    Raises a :class:`~mmrl.errors.CheckpointError` (a FileNotFoundError) naming the folder and
+    what each family expects when none (or, for an ambiguous folder, more than one) matches.
     """
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(
+        raise CheckpointError(
             f"actor_rollout_ref.model.path={str(path)!r} is not a folder; models are read from "
             "local save_pretrained folders and never downloaded"
         )
@@ -155,7 +156,7 @@ def policy_family(path: str | Path) -> PolicyFamily:
     if len(found) != 1:
         kinds = "; ".join(f"{f.name}: {f.describe()}" for f in FAMILIES.values())
         what = "no known policy" if not found else f"{len(found)} kinds of policy"
-        raise FileNotFoundError(
+        raise CheckpointError(
             f"{str(path)!r} holds {what} (files: {sorted(p.name for p in path.iterdir())[:8]}); "
             f"expected one of {kinds}"
         )

@@ -23,12 +23,14 @@ import numpy as np
 from PIL import Image
 from transformers.video_utils import VideoMetadata
 
+from mmrl.errors import DataError
+
 ImageInput = Image.Image | bytes | str | Path | Mapping[str, Any]
 VideoInput = str | Path | bytes | np.ndarray
 
 
-class MediaError(ValueError):
-    """An image or video of a dataset cannot be used."""
+class MediaError(DataError):
+    """An image or video of a dataset cannot be used (a DataError: printed in one line)."""
 
 
 class MediaTooLargeError(MediaError):

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from mmrl.errors import DataError
 from mmrl.protocol import Batch
 
 
@@ -97,9 +98,7 @@ class TextProcessor:
     def encode_dataset(self, dataset: PromptDataLike, split: str) -> Batch:
         """A task's prompts with their ground truths and extra info (non-tensor fields)."""
         if len(dataset) == 0:
-            raise ValueError(
-                f"the {split} dataset is empty: check the task's {split} size settings"
-            )
+            raise DataError(f"the {split} dataset is empty: check the task's {split} size settings")
         return self.encode_prompts(
             dataset.prompts,
             {"ground_truth": dataset.ground_truth, "extra_info": dataset.extra_info},

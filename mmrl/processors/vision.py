@@ -31,6 +31,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoProcessor, PretrainedConfig, ProcessorMixin
 
 from mmrl.config import DataConfig
+from mmrl.errors import DataError
 from mmrl.models.vlm_inputs import (
     IMAGE_KEYS,
     VIDEO_KEYS,
@@ -245,7 +246,7 @@ class VisionProcessor:
                     "<image>/<video> "
                     "into one placeholder each."
                 )
-                raise ValueError(
+                raise DataError(
                     f"sample {sample_id}: prompt has {found} {token} placeholders but {len(items)} "
                     f"{kind}s "
                     f"were given; expected one placeholder per {kind}.{hint}"

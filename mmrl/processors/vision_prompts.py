@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from transformers import ProcessorMixin
 
+from mmrl.errors import DataError
 from mmrl.processors.vision import VisionProcessor, VisionSample
 from mmrl.protocol import Batch
 
@@ -56,7 +57,7 @@ class VisionPromptProcessor:
         """The prompt Batch of ``dataset`` (a :class:`~mmrl.data.VisionPromptDataset`) with
         ``ground_truth``, ``extra_info`` and any ``extra`` per-row fields as non-tensor fields."""
         if len(dataset) == 0:
-            raise ValueError(
+            raise DataError(
                 f"the {split} dataset is empty: check the task's {split} files or size settings"
             )
         samples = self.samples(dataset, self.vision.processor, split)

@@ -9,6 +9,7 @@ import torch
 
 from mmrl.protocol import Batch
 from mmrl.sampling import SamplingParams
+from mmrl.utils.registry import Registry
 
 
 class RolloutEngine(Protocol):
@@ -35,18 +36,19 @@ class RolloutEngine(Protocol):
         ...
 
 
-ROLLOUT_ENGINES: dict[str, Callable[..., RolloutEngine]] = {}
+ROLLOUT_ENGINES: Registry[Callable[..., RolloutEngine]] = Registry(
+    "rollout engine", "actor_rollout_ref.rollout.name"
+)
+# vLLM is slow to import: imported only when a run asks for it.
+ROLLOUT_ENGINES.add("vllm", "mmrl.rollout.vllm:VLLMRollout")
 
 
-def register_rollout(name: str) -> Callable:
-    def wrap(cls: Callable[..., RolloutEngine]) -> Callable[..., RolloutEngine]:
-        ROLLOUT_ENGINES[name] = cls
-        return cls
-
-    return wrap
+def register_rollout(name: str, **traits: object) -> Callable:
+    """Register an engine class (or factory) under the name ``rollout.name`` uses."""
+    return ROLLOUT_ENGINES.register(name, **traits)
 
 
 def get_rollout(name: str) -> Callable[..., RolloutEngine]:
-    if name not in ROLLOUT_ENGINES:
-        raise ValueError(f"unknown rollout engine {name!r}; registered: {sorted(ROLLOUT_ENGINES)}")
-    return ROLLOUT_ENGINES[name]
+    """The engine class ``name`` names (imported on first use); ConfigError lists the known
+    ones."""
+    return ROLLOUT_ENGINES.get(name)

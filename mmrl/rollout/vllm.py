@@ -22,7 +22,6 @@ from mmrl.models import PolicyFamily, VLLMServing
 from mmrl.models.responses import finish_rollout
 from mmrl.processors.media import load_image, read_video
 from mmrl.protocol import Batch
-from mmrl.rollout.base import register_rollout
 from mmrl.sampling import SUPPORT_KEY, SamplingParams, sampling_support
 
 # Read by vLLM at import and engine start-up, so they are set before `import vllm`.
@@ -48,9 +47,11 @@ DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float
 NAME_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
 
-@register_rollout("vllm")
 class VLLMRollout:
     """Samples with ``vllm.LLM.generate`` and reports the sampling log-probs.
+
+    Registered as ``vllm`` in :mod:`mmrl.rollout.base` by name, so vLLM is imported only when
+    a run asks for it.
 
     The engine is built with ``logprobs_mode="processed_logprobs"`` so that the
     log-prob of each sampled token comes from the distribution it was drawn from

@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 
 from mmrl.processors.base import PromptProcessor
 from mmrl.processors.text import TextProcessor
+from mmrl.utils.registry import Registry
 
 if TYPE_CHECKING:
     from mmrl.config import RunConfig
@@ -63,21 +64,17 @@ class TaskData(Generic[D]):
     test: D | None = None
 
 
-TASKS: dict[str, type] = {}
+TASKS: Registry[type] = Registry("task", "task.name")
 
 
 def register_task(name: str) -> Callable[[type], type]:
-    def wrap(cls: type) -> type:
-        TASKS[name] = cls
-        return cls
-
-    return wrap
+    """Register a task class under the name ``task.name`` (and ``task=<file>``) uses."""
+    return TASKS.register(name)
 
 
 def get_task(name: str) -> type:
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; registered: {sorted(TASKS)}")
-    return TASKS[name]
+    """The task class registered as ``name``; ConfigError lists the known tasks."""
+    return TASKS.get(name)
 
 
 class Task(Generic[D]):

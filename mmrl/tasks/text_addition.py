@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from mmrl.errors import ConfigError
 from mmrl.tasks.base import PromptDataset, Task, TaskData, register_task, task_config
 from mmrl.tasks.sft import SFTConfig, sft_initial_model
 
@@ -73,7 +74,7 @@ class TextAdditionTask(Task[PromptDataset]):
             pairs[test_end:],
         )
         if not train_pool:
-            raise ValueError(
+            raise ConfigError(
                 f"task.val_size={self.cfg.val_size} and task.test_size={self.cfg.test_size} leave "
                 f"no training problems out of {len(pairs)}"
             )

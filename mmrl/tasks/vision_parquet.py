@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from transformers import AutoProcessor, ProcessorMixin
 
 from mmrl.data import VisionPromptDataset, load_vision_parquet
+from mmrl.errors import ConfigError
 from mmrl.processors.vision import VisionSample
 from mmrl.processors.vision_prompts import VisionPromptProcessor
 from mmrl.tasks.base import Task, TaskData, register_task, task_config
@@ -47,7 +48,7 @@ class VisionParquetTask(Task[VisionPromptDataset]):
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg: VisionParquetConfig = task_config(VisionParquetConfig, cfg)
         if not self.cfg.train_files:
-            raise ValueError("task.train_files is empty: list the parquet files to train on")
+            raise ConfigError("task.train_files is empty: list the parquet files to train on")
         self.name = self.cfg.name
 
     def _load(self, files: list[str], max_rows: int | None) -> VisionPromptDataset:
@@ -80,7 +81,7 @@ class VisionParquetTask(Task[VisionPromptDataset]):
 
     def _model_path(self) -> Path:
         if not self.cfg.model_path:
-            raise ValueError(
+            raise ConfigError(
                 "task vision_parquet trains an existing checkpoint: set "
                 "actor_rollout_ref.model.path (or task.model_path) to its save_pretrained folder"
             )

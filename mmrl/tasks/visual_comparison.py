@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmrl.data import VisionPromptDataset
+from mmrl.errors import ConfigError
 from mmrl.tasks.base import register_task
 from mmrl.tasks.sft import SFTConfig
 from mmrl.tasks.visual_counting import VisualCountingTask, draw_shapes
@@ -46,16 +47,19 @@ class VisualComparisonConfig:
 def make_comparison_dataset(cfg: VisualComparisonConfig, n: int, seed: int) -> VisionPromptDataset:
     """``n`` problems with PNG image bytes; either colour is the answer equally often."""
     if len(cfg.colors) < 2:
-        raise ValueError(f"visual_comparison needs at least 2 colours, found {cfg.colors}")
+        raise ConfigError(
+            f"task.colors: visual_comparison needs at least 2 colours, found {cfg.colors}"
+        )
     if not 1 <= cfg.min_count <= cfg.max_count - cfg.min_margin:
-        raise ValueError(
-            f"need 1 <= min_count <= max_count - min_margin, found {cfg.min_count}, "
+        raise ConfigError(
+            f"task: need 1 <= min_count <= max_count - min_margin, found {cfg.min_count}, "
             f"{cfg.max_count}, {cfg.min_margin}"
         )
     if 2 * cfg.max_count + cfg.max_distractors > cfg.grid**2:
-        raise ValueError(
-            f"2 * max_count + max_distractors = {2 * cfg.max_count + cfg.max_distractors} shapes "
-            f"do not fit a {cfg.grid}x{cfg.grid} grid"
+        raise ConfigError(
+            f"task: 2 * max_count + max_distractors = "
+            f"{2 * cfg.max_count + cfg.max_distractors} shapes do not fit a "
+            f"{cfg.grid}x{cfg.grid} grid"
         )
     rng = random.Random(seed)
     problems, answers, images, extra = [], [], [], []

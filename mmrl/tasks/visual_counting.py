@@ -18,6 +18,7 @@ from PIL import Image, ImageDraw
 from transformers import ProcessorMixin, Qwen2VLForConditionalGeneration
 
 from mmrl.data import VisionPromptDataset
+from mmrl.errors import ConfigError
 from mmrl.models.freeze import freeze_modules
 from mmrl.models.tiny_vlm import build_tiny_qwen2_vl_processor, tiny_qwen2_vl_config
 from mmrl.processors.vision import VisionSample
@@ -100,9 +101,9 @@ def draw_shapes(rng: random.Random, image_size: int, grid: int, fills: list[str]
 def make_counting_dataset(cfg: VisualCountingConfig, n: int, seed: int) -> VisionPromptDataset:
     """``n`` problems; images are PNG bytes, as in the parquet layout."""
     if not 1 <= cfg.min_count <= cfg.max_count <= cfg.grid**2:
-        raise ValueError(
-            f"need 1 <= min_count <= max_count <= grid**2, found {cfg.min_count}, {cfg.max_count}, "
-            f"{cfg.grid}"
+        raise ConfigError(
+            f"task: need 1 <= min_count <= max_count <= grid**2, found {cfg.min_count}, "
+            f"{cfg.max_count}, {cfg.grid}"
         )
     rng = random.Random(seed)
     problems, answers, images, extra = [], [], [], []

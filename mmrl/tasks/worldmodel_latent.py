@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mmrl.errors import CheckpointError
 from mmrl.models.latent_policy import (
     AUTOENCODER_DIR,
     GaussianLatentPolicy,
@@ -175,7 +176,7 @@ class WorldModelLatentTask(Task[FrameWindows]):
     def build_prompt_processor(self, model_path: Path, cfg: RunConfig) -> LatentWorldModelProcessor:
         ae_dir = Path(model_path) / AUTOENCODER_DIR
         if not ae_dir.is_dir():
-            raise FileNotFoundError(
+            raise CheckpointError(
                 f"{model_path} has no {AUTOENCODER_DIR}/ folder: a latent policy folder carries "
                 "the autoencoder that defines its latent space"
             )

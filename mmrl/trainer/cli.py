@@ -6,30 +6,24 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from mmrl.config import load_config
+from mmrl.errors import MMRLError
+
+DEBUG_ENV = "MMRL_DEBUG"
 
 
-def dry_run(overrides: list[str], config_name: str = "train") -> int:
-    """Compose and validate the run's config and its task's settings; print it, train nothing."""
-    from dataclasses import asdict
-
-    from omegaconf import OmegaConf
-
-    from mmrl.tasks import get_task
+def train(overrides: list[str], config_name: str = "train", dry_run: bool = False) -> int:
+    from mmrl.trainer.preflight import preflight
 
     cfg = load_config(overrides, config_name)
-    get_task(cfg.task.get("name", ""))(cfg.task)  # the task checks its own keys
-    print(OmegaConf.to_yaml(OmegaConf.create(asdict(cfg))), end="")
-    print(f"# config {config_name!r} with {len(overrides)} override(s) is valid")
-    return 0
-
-
-def train(overrides: list[str], config_name: str = "train") -> int:
+    if dry_run:
+        return dry_run_report(cfg)
+    preflight(cfg)  # before the SFT warm-up, pretraining, data generation or a Ray start
     from mmrl.trainer.fit import fit
 
-    cfg = load_config(overrides, config_name)
     result = fit(cfg)
     val = result.series("val/score/mean")
     print(f"\nrun finished: {result.output_dir}")
@@ -56,6 +50,23 @@ def train(overrides: list[str], config_name: str = "train") -> int:
     return 0
 
 
+def dry_run_report(cfg) -> int:
+    """Print the resolved config and every problem found; 0 when there is none."""
+    from omegaconf import OmegaConf
+
+    from mmrl.trainer.preflight import find_problems
+
+    print(OmegaConf.to_yaml(OmegaConf.structured(cfg)), end="")
+    problems = find_problems(cfg)
+    if not problems:
+        print("# config OK: no problems found")
+        return 0
+    print(f"# {len(problems)} problem(s) found:", file=sys.stderr)
+    for problem in problems:
+        print(f"  - {problem}", file=sys.stderr)
+    return 1
+
+
 def pretrain_worldmodel(overrides: list[str]) -> int:
     from mmrl.worldmodel.pretrain import main as pretrain_main
 
@@ -79,7 +90,23 @@ def evaluate_vlm(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run one command. An expected error (:class:`~mmrl.errors.MMRLError`) prints in one or two
+    lines and returns 1; with ``--debug`` or ``MMRL_DEBUG=1`` it raises with its traceback. Any
+    other exception is a bug and always keeps its traceback."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        return run(argv)
+    except MMRLError as err:
+        if debug:
+            raise
+        print(f"mmrl: error: {err.short()}", file=sys.stderr)
+        return 1
+
+
+def run(argv: list[str]) -> int:
+    """Dispatch ``argv`` to its command; errors propagate (see :func:`main`)."""
     if argv[:1] == ["eval"]:  # its own argparse options (mmrl eval --help)
         rest = argv[1:]
         if any(
@@ -89,19 +116,25 @@ def main(argv: list[str] | None = None) -> int:
             return evaluate_vlm(rest)
         logging.basicConfig(level=logging.WARNING)
         return evaluate(rest)
+    # Taken out before parsing, so that they may come before, between or after the overrides.
+    dry_run = argv[:1] == ["train"] and "--dry-run" in argv
+    argv = [a for a in argv if not (dry_run and a == "--dry-run")]
     parser = argparse.ArgumentParser(prog="mmrl", description="RLVR for multimodal models.")
+    parser.add_argument(
+        "--debug", action="store_true", help=f"show tracebacks of expected errors ({DEBUG_ENV}=1)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="RL training; trailing arguments are Hydra overrides")
     p_train.add_argument("overrides", nargs="*", help="e.g. algorithm.adv_estimator=rloo")
     p_train.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved config and every problem found, then exit",
+    )
+    p_train.add_argument(
         "--config-name",
         default="train",
         help="a config under mmrl/configs/, e.g. examples/worldmodel_tokens_gpu",
-    )
-    p_train.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="compose and validate the config, print it and exit without training",
     )
     p_wm = sub.add_parser(
         "pretrain-worldmodel",
@@ -123,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train":
-        run = dry_run if args.dry_run else train
-        return run(args.overrides, args.config_name)
+        return train(args.overrides, args.config_name, dry_run)
     if args.command == "pretrain-worldmodel":
         return pretrain_worldmodel(args.overrides)
     return 2

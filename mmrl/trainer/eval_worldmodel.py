@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mmrl.errors import ConfigError
 from mmrl.tasks.worldmodel_eval import (
     check_source_fits,
     check_trajectory_length,
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         model, processor, tokenizer = load_checkpoint(args.model, args.tokenizer)
         context, future = processor.context, processor.future
         if args.future is not None and args.future != future:
-            raise ValueError(
+            raise ConfigError(
                 f"--future {args.future}: the token world model {args.model} predicts {future} "
                 "frames"
             )

@@ -8,6 +8,7 @@ import torch
 
 from mmrl import algos
 from mmrl.config import RunConfig
+from mmrl.errors import ConfigError
 from mmrl.hybrid import WorkerGroup
 from mmrl.processors.base import PromptProcessor
 from mmrl.protocol import Batch
@@ -24,8 +25,8 @@ def apply_scores(
     if cfg.reward.overlong_reward == "zero":
         scores = torch.where(batch["response_clipped"], torch.zeros_like(scores), scores)
     elif cfg.reward.overlong_reward != "keep":
-        raise ValueError(
-            f"reward.overlong_reward={cfg.reward.overlong_reward!r}; expected 'keep' or 'zero'"
+        raise ConfigError(
+            f"reward.overlong_reward={cfg.reward.overlong_reward!r}: expected 'keep' or 'zero'"
         )
     mask = batch["response_mask"]
     last = (mask.sum(-1).long() - 1).clamp(min=0)
@@ -66,6 +67,11 @@ def sampling_params(
     return SamplingParams(**params)
 
 
+def needs_critic(cfg: RunConfig) -> bool:
+    """The advantage estimator reads value estimates (GAE)."""
+    return algos.ADV_ESTIMATORS.trait(cfg.algorithm.adv_estimator, "needs_critic", False)
+
+
 def needs_reference(cfg: RunConfig) -> bool:
     """A KL loss or a KL reward compares the actor with the frozen reference policy."""
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -102,7 +108,7 @@ def make_experience(
     with timer("reward", metrics):  # verifiers run in the background during old log-probs
         pending = runner.submit(processor.decode(batch))
     baselines = None
-    if algo.adv_estimator == "remax":
+    if algos.ADV_ESTIMATORS.trait(algo.adv_estimator, "needs_baselines", False):
         with timer("gen_max", metrics):
             greedy = worker.generate_sequences(
                 prompts, sampling_params(cfg, processor, seed, greedy=True)
@@ -149,11 +155,7 @@ def make_experience(
             response_mask=batch["response_mask"],
             valid_mask=batch["valid_mask"],
             index=batch["uid"],
-            config=algos.AdvantageConfig(
-                gamma=algo.gamma,
-                lam=algo.lam,
-                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-            ),
+            config=algo,
             values=batch["values"] if critic is not None else None,
             reward_baselines=baselines,
         )

@@ -18,13 +18,15 @@ import torch
 from tqdm.auto import tqdm
 
 from mmrl import algos
-from mmrl.config import KLControlConfig, RunConfig
+from mmrl.config import RunConfig
+from mmrl.errors import ConfigError
 from mmrl.hybrid import WorkerGroup, build_workers
 from mmrl.processors.base import PromptProcessor
 from mmrl.protocol import Batch
 from mmrl.tasks import Task, get_task
 from mmrl.trainer.experience import (
     make_experience,
+    needs_critic,
     needs_reference,
     sampling_params,
     score,
@@ -32,6 +34,7 @@ from mmrl.trainer.experience import (
 )
 from mmrl.trainer.guard import InvalidRateMonitor, batch_for_update
 from mmrl.trainer.metrics import compute_data_metrics
+from mmrl.trainer.preflight import preflight
 from mmrl.trainer.tracking import Tracker
 from mmrl.utils.resources import process_tree_stats
 from mmrl.utils.seed import set_seed
@@ -39,7 +42,6 @@ from mmrl.utils.timing import peak_rss_gib, timer
 from mmrl.verifiers import VerifierRunner
 
 log = logging.getLogger(__name__)
-GROUP_ESTIMATORS = {"grpo", "rloo", "reinforce_plus_plus_baseline"}
 
 
 @dataclass
@@ -60,7 +62,7 @@ class PromptLoader:
 
     def __init__(self, prompts: Batch, batch_size: int, shuffle: bool, seed: int) -> None:
         if batch_size > len(prompts):
-            raise ValueError(
+            raise ConfigError(
                 f"data.train_batch_size={batch_size} is larger than the training set "
                 f"({len(prompts)} prompts)"
             )
@@ -90,14 +92,6 @@ def prepare_initial_model(cfg: RunConfig, task: Task) -> tuple[Path, dict[str, f
     if cfg.actor_rollout_ref.model.path:
         return Path(cfg.actor_rollout_ref.model.path), {}
     return task.initial_model(cfg)
-
-
-def build_kl_controller(cfg: KLControlConfig):
-    if cfg.type == "fixed":
-        return algos.FixedKLController(cfg.kl_coef)
-    if cfg.type == "adaptive":
-        return algos.AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.horizon)
-    raise ValueError(f"algorithm.kl_ctrl.type={cfg.type!r}; expected 'fixed' or 'adaptive'")
 
 
 def rl_step(
@@ -186,7 +180,8 @@ def fit(cfg: RunConfig) -> RunResult:
     start = time.perf_counter()
     set_seed(cfg.trainer.seed)
     algo, rollout = cfg.algorithm, cfg.actor_rollout_ref.rollout
-    if algo.adv_estimator in GROUP_ESTIMATORS and rollout.n < 2:
+    preflight(cfg)  # every config problem at once, before any work
+    if algos.ADV_ESTIMATORS.trait(algo.adv_estimator, "needs_groups", False) and rollout.n < 2:
         warnings.warn(
             f"algorithm.adv_estimator={algo.adv_estimator} compares the samples of one prompt, but "
             f"actor_rollout_ref.rollout.n={rollout.n}: every group has one sample, so every "
@@ -194,7 +189,6 @@ def fit(cfg: RunConfig) -> RunResult:
             "is zero and the policy will not learn. Set rollout.n >= 2.",
             stacklevel=2,
         )
-    algos.get_adv_estimator(algo.adv_estimator)  # fail on a bad name before any work
     task = get_task(cfg.task.get("name", ""))(cfg.task)
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
     model_path, init_metrics = prepare_initial_model(cfg, task)
@@ -203,7 +197,7 @@ def fit(cfg: RunConfig) -> RunResult:
     processor = task.build_prompt_processor(model_path, cfg)
     train_prompts = processor.encode_dataset(data.train, "train")
     val_prompts = processor.encode_dataset(data.val, "val")
-    kl_ctrl = build_kl_controller(algo.kl_ctrl)
+    kl_ctrl = algos.build_kl_controller(algo.kl_ctrl)
     loader = PromptLoader(
         train_prompts, cfg.data.train_batch_size, cfg.data.shuffle, cfg.trainer.seed
     )
@@ -213,7 +207,7 @@ def fit(cfg: RunConfig) -> RunResult:
 
     # In-process, or one Ray actor per rank (trainer.n_workers_per_node, nnodes, ray_address).
     workers = build_workers(
-        cfg, model_path, need_ref=needs_reference(cfg), need_critic=algo.adv_estimator == "gae"
+        cfg, model_path, need_ref=needs_reference(cfg), need_critic=needs_critic(cfg)
     )
     worker, critic = workers.actor, workers.critic
     runner = VerifierRunner.from_config(cfg.reward)

@@ -9,6 +9,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from mmrl.errors import ConfigError
+
 CONSOLE_KEYS = (
     "critic/score/mean",
     "reward/invalid_rate",
@@ -27,7 +29,7 @@ class Tracker:
     def __init__(self, output_dir: Path, loggers: list[str]) -> None:
         unknown = set(loggers) - {"console", "jsonl"}
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"trainer.loggers has unknown entries {sorted(unknown)}; known: console, jsonl"
             )
         self.console = "console" in loggers

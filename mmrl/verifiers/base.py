@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from mmrl.utils.registry import Registry
+
 MODES = ("batch", "process")
 
 
@@ -72,7 +74,7 @@ class VerifierOutputError(ValueError):
 
 
 VerifierFn = Callable[..., "VerifierOutput | np.ndarray | Sequence[float]"]
-VERIFIERS: dict[str, VerifierFn] = {}
+VERIFIERS: Registry[VerifierFn] = Registry("verifier", "reward.verifiers[].name")
 _OPTIONS_ATTR = "__mmrl_run_options__"
 
 
@@ -105,9 +107,7 @@ def register_verifier(
     """Register a verifier under the name that ``reward.verifiers`` uses, with its run options."""
 
     def wrap(fn: VerifierFn) -> VerifierFn:
-        if name in VERIFIERS and VERIFIERS[name] is not fn:
-            raise ValueError(f"verifier {name!r} is already registered (by {VERIFIERS[name]!r})")
-        VERIFIERS[name] = verifier(mode, timeout_s, chunk_size)(fn)
+        VERIFIERS.add(name, verifier(mode, timeout_s, chunk_size)(fn))
         return fn
 
     return wrap

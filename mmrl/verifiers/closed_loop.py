@@ -27,6 +27,7 @@ import numpy as np
 from torch import Tensor
 
 from mmrl.protocol import Batch
+from mmrl.utils.registry import Registry
 from mmrl.verifiers.base import VerifierOutput, register_verifier
 from mmrl.verifiers.frames import PRED_KEY, to_unit_float
 
@@ -59,19 +60,13 @@ class ClosedLoopSample:
 
 
 TaskScore = Callable[[ClosedLoopSample], float]
-TASK_SCORES: dict[str, TaskScore] = {}
+TASK_SCORES: Registry[TaskScore] = Registry("closed-loop task score", "closed_loop kwargs.task")
 
 
 def register_task_score(name: str) -> Callable[[TaskScore], TaskScore]:
     """Register ``fn(sample: ClosedLoopSample) -> float`` under ``name``; higher is better."""
 
-    def wrap(fn: TaskScore) -> TaskScore:
-        if name in TASK_SCORES and TASK_SCORES[name] is not fn:
-            raise ValueError(f"task score {name!r} is already registered")
-        TASK_SCORES[name] = fn
-        return fn
-
-    return wrap
+    return TASK_SCORES.register(name)
 
 
 def environment_handles(batch: Batch) -> list[Any]:
@@ -96,11 +91,7 @@ def closed_loop(batch: Batch, task: str) -> VerifierOutput:
     Samples are scored one by one (environments are stateful); a score that raises
     makes the runner find and mark that sample invalid.
     """
-    if task not in TASK_SCORES:
-        raise ValueError(
-            f"unknown closed-loop task score {task!r}; registered: {sorted(TASK_SCORES)}"
-        )
-    score = TASK_SCORES[task]
+    score = TASK_SCORES.get(task)
     frames = to_unit_float(batch[PRED_KEY], PRED_KEY)
     actions = batch["actions"] if "actions" in set(batch.keys()) else None
     truths = batch.non_tensor.get("ground_truth")

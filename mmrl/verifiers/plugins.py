@@ -22,6 +22,7 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
+from mmrl.errors import VerifierError
 from mmrl.verifiers import builtins  # noqa: F401  (registers the built-in verifiers)
 from mmrl.verifiers.base import VERIFIERS, VerifierFn
 
@@ -51,7 +52,7 @@ def resolve(ref: str) -> VerifierFn:
                 "callable"
             )
         return fn
-    raise ValueError(
+    raise VerifierError(
         f"unknown verifier {ref!r}: not registered ({sorted(VERIFIERS)}), not an entry point in "
         f"group {ENTRY_POINT_GROUP!r} ({sorted(eps)}), and not 'module:function' or "
         "'file.py:function'"
@@ -117,9 +118,7 @@ def _load_path_cached(path: Path) -> Any:
 def _load_path(target: str) -> Any:
     path = Path(target).expanduser().resolve()
     if not path.is_file():
-        raise FileNotFoundError(
-            f"verifier plugin file {target!r} does not exist (resolved to {path})"
-        )
+        raise VerifierError(f"verifier plugin file {target!r} does not exist (resolved to {path})")
     return _load_path_cached(path)
 
 
@@ -127,7 +126,7 @@ def _import(module_name: str, ref: str) -> Any:
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as err:
-        raise ModuleNotFoundError(
+        raise VerifierError(
             f"verifier {ref!r}: cannot import module {module_name!r} ({err}); is its package "
             "installed, or its folder on sys.path / PYTHONPATH?"
         ) from err
@@ -137,7 +136,7 @@ def _get_callable(module: Any, attr: str, ref: str) -> VerifierFn:
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise AttributeError(
+            raise VerifierError(
                 f"verifier {ref!r}: {getattr(module, '__name__', module)} has no attribute {attr!r}"
             )
         obj = getattr(obj, part)

@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from mmrl.errors import DataError
 from mmrl.worldmodel.envs import ActionSpec, Env, make_env
 
 FORMAT = "mmrl-trajectories"
@@ -156,7 +157,7 @@ def _reuse(out: Path, wanted: dict[str, Any]) -> Path:
     diff = [k for k in keys if found.get(k) != wanted[k]]
     if diff:
         details = ", ".join(f"{k}: {found.get(k)!r} on disk vs {wanted[k]!r} asked" for k in diff)
-        raise ValueError(f"{out / INDEX_FILE} holds a different dataset ({details})")
+        raise DataError(f"{out / INDEX_FILE} holds a different dataset ({details})")
     return out
 
 
@@ -167,10 +168,10 @@ class TrajectoryDataset:
         self.path = Path(path)
         index_path = self.path / INDEX_FILE
         if not index_path.exists():
-            raise FileNotFoundError(f"no {INDEX_FILE} in {self.path}: not a trajectory dataset")
+            raise DataError(f"no {INDEX_FILE} in {self.path}: not a trajectory dataset")
         self.index = json.loads(index_path.read_text())
         if self.index.get("format") != FORMAT or self.index.get("format_version") != FORMAT_VERSION:
-            raise ValueError(
+            raise DataError(
                 f"{index_path}: expected format {FORMAT!r} version {FORMAT_VERSION}, found "
                 f"{self.index.get('format')!r} version {self.index.get('format_version')}"
             )

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from mmrl.utils.registry import Registry
+
 State = dict[str, np.ndarray]
 Policy = Callable[[], np.ndarray]
 
@@ -128,26 +130,23 @@ class Env:
         return self.render_state(self.get_state())
 
 
-ENVS: dict[str, type[Env]] = {}
+ENVS: Registry[type[Env]] = Registry("environment")
 
 
 def register_env(name: str) -> Callable[[type[Env]], type[Env]]:
     """Register an environment class under the name that configs and datasets use."""
 
     def wrap(cls: type[Env]) -> type[Env]:
-        if name in ENVS:
-            raise ValueError(f"environment {name!r} is already registered")
         cls.name = name
-        ENVS[name] = cls
+        ENVS.add(name, cls)
         return cls
 
     return wrap
 
 
 def make_env(name: str, **config: Any) -> Env:
-    if name not in ENVS:
-        raise ValueError(f"unknown environment {name!r}; registered: {sorted(ENVS)}")
-    return ENVS[name](**config)
+    """A new environment of the registered kind ``name``; ConfigError lists the known kinds."""
+    return ENVS.get(name)(**config)
 
 
 def states_equal(a: State, b: State) -> bool:
