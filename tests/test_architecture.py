@@ -193,3 +193,65 @@ def test_modules_stay_small():
         if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert not big, f"modules over {MAX_MODULE_LINES} lines: {big}"
+
+
+def _lazy_targets() -> dict[str, str]:
+    """Every ``"mmrl.module:Name"`` string in the package, with the module that names it."""
+    found = {}
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            text = node.value if isinstance(node, ast.Constant) else None
+            if isinstance(text, str) and LAZY_TARGET.match(text):
+                found[text] = module
+    return found
+
+
+def _top_level_names(module: str) -> set[str]:
+    names = set()
+    for node in ast.parse(MODULES[module].read_text()).body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_lazy_registry_entries_name_what_exists():
+    # Checked without importing: a lazy entry exists to keep a costly import (vLLM) away.
+    targets = _lazy_targets()
+    assert "mmrl.rollout.vllm:VLLMRollout" in targets
+    broken = [
+        f"{target} (named in {owner})"
+        for target, owner in sorted(targets.items())
+        if (mod := target.split(":")[0]) not in MODULES
+        or target.split(":")[1] not in _top_level_names(mod)
+    ]
+    assert not broken, f"lazy registry entries that name nothing: {broken}"
+
+
+def test_every_registry_is_one_registry_type():
+    from mmrl import algos, rollout, tasks, verifiers
+    from mmrl.utils.registry import Registry
+    from mmrl.verifiers.closed_loop import TASK_SCORES
+    from mmrl.worldmodel.envs import ENVS
+
+    for registry in (
+        algos.ADV_ESTIMATORS,
+        algos.POLICY_LOSSES,
+        algos.KL_PENALTIES,
+        algos.KL_CONTROLLERS,
+        rollout.ROLLOUT_ENGINES,
+        verifiers.VERIFIERS,
+        TASK_SCORES,
+        ENVS,
+        tasks.TASKS,
+    ):
+        assert isinstance(registry, Registry), registry
+    # No module keeps a hand-written registry dict beside them.
+    hand_written = [
+        f"{module}: {line.strip()}"
+        for module, path in MODULES.items()
+        for line in path.read_text().splitlines()
+        if re.match(r"^[A-Z_]+: dict\[str, (Callable|type)", line)
+    ]
+    assert not hand_written, hand_written

@@ -12,7 +12,6 @@ from mmrl.algos import (
     ADV_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,
-    PolicyLossConfig,
     agg_loss,
     apply_kl_penalty,
     compute_value_loss,
@@ -23,7 +22,7 @@ from mmrl.algos import (
     register_adv_estimator,
     rollout_is_weights,
 )
-from mmrl.config import AlgorithmConfig
+from mmrl.config import ActorConfig, AlgorithmConfig, PolicyLossConfig
 
 T = 4
 
@@ -321,7 +320,7 @@ def test_vanilla_asymmetric_and_dual_clip() -> None:
     ratios = [1.5, 0.5, 1.1, 4.0, 0.5]
     adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, -1.0]])
     log_prob = torch.tensor([[math.log(r) for r in ratios]], requires_grad=True)
-    cfg = PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.3, clip_ratio_c=3.0)
+    cfg = ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.3, clip_ratio_c=3.0)
     loss, metrics = get_policy_loss("vanilla")(
         old_log_prob=torch.zeros(1, 5),
         log_prob=log_prob,
@@ -348,7 +347,7 @@ def test_vanilla_without_dual_clip() -> None:
         advantages=torch.tensor([[-1.0]]),
         response_mask=torch.ones(1, 1),
         valid_mask=None,
-        config=PolicyLossConfig(clip_ratio_c=None),
+        config=ActorConfig(clip_ratio_c=None),
     )
     assert loss.item() == pytest.approx(4.0) and metrics["pg_clipfrac_lower"] == 0.0
 
@@ -363,7 +362,7 @@ def test_gspo_sequence_ratio() -> None:
         advantages=torch.ones(2, 3),
         response_mask=mask,
         valid_mask=None,
-        config=PolicyLossConfig(),
+        config=ActorConfig(),
     )
     s0 = math.exp(sum([1e-4, -1e-4, 2e-4]) / 3)  # inside [1 - 3e-4, 1 + 4e-4]
     s1 = math.exp(0.01)  # above 1 + 4e-4: clipped, no gradient
@@ -373,6 +372,23 @@ def test_gspo_sequence_ratio() -> None:
     loss.backward()
     expected_grad = [[-s0 / 6] * 3, [0.0, 0.0, 0.0]]
     torch.testing.assert_close(log_prob.grad, torch.tensor(expected_grad))
+
+
+def test_cispo_without_bounds_of_its_own_uses_the_actor_clip_ratio() -> None:
+    # No CISPO bound chosen: the weight is capped at 1 + actor.clip_ratio_high, not at a
+    # constant nobody set; with no lower bound a small ratio keeps its weight.
+    log_ratio = torch.tensor([[math.log(3.0), math.log(0.1)]])
+    log_prob = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    cfg = ActorConfig(clip_ratio_high=0.28, policy_loss=PolicyLossConfig("cispo"))
+    loss, _ = get_policy_loss("cispo")(
+        old_log_prob=log_prob.detach() - log_ratio,
+        log_prob=log_prob,
+        advantages=torch.ones(1, 2),
+        response_mask=torch.ones(1, 2),
+        config=cfg,
+    )
+    loss.backward()
+    torch.testing.assert_close(log_prob.grad, torch.tensor([[-1.28 / 2, -0.1 / 2]]))
 
 
 def test_cispo_clipped_detached_weight() -> None:
@@ -385,7 +401,7 @@ def test_cispo_clipped_detached_weight() -> None:
         advantages=adv,
         response_mask=torch.ones(1, 4),
         valid_mask=None,
-        config=PolicyLossConfig(cispo_clip_ratio_high=4.0),
+        config=ActorConfig(policy_loss=PolicyLossConfig("cispo", cispo_clip_ratio_high=4.0)),
     )
     weights, a, lp = [1.0, 2.0, 5.0, 5.0], [1.0, -1.0, 1.0, 1.0], [-0.5, -1.0, -2.0, -0.1]
     ref = sum(-w * x * p for w, x, p in zip(weights, a, lp, strict=True)) / 4
@@ -406,7 +422,7 @@ def test_overflowing_ratio_is_finite(name: str, delta: float) -> None:
         advantages=torch.tensor([[1.0, -1.0, 2.0], [-1.0, 1.0, 0.5]]),
         response_mask=torch.ones(2, 3),
         valid_mask=None,
-        config=PolicyLossConfig(),
+        config=ActorConfig(),
     )
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(log_prob.grad).all()
@@ -419,7 +435,7 @@ def test_masked_and_invalid_rows_are_dropped(name: str) -> None:
     old, new, adv = (torch.randn(4, 3, generator=gen) * 0.1 for _ in range(3))
     mask = torch.tensor([[1, 1, 1], [0, 0, 0], [1, 1, 0], [1, 1, 1]]).float()
     valid = torch.tensor([True, True, True, False])
-    fn, cfg = get_policy_loss(name), PolicyLossConfig()
+    fn, cfg = get_policy_loss(name), ActorConfig()
     old[3] = new[3] + 1e4  # garbage in an invalid row must not leak
     full, _ = fn(
         old_log_prob=old,
@@ -567,10 +583,6 @@ def test_unknown_names_list_known_ones() -> None:
         agg_loss(torch.zeros(1, 1), torch.ones(1, 1), "mean")
     with pytest.raises(ValueError, match="low_var_kl"):
         kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), "k4")
-    with pytest.raises(ValueError, match="token-mean"):
-        PolicyLossConfig(loss_agg_mode="sum")
-    with pytest.raises(ValueError, match="clip_ratio_c"):
-        PolicyLossConfig(clip_ratio_c=0.5)
 
 
 def test_registry_names_and_duplicates() -> None:
@@ -606,7 +618,7 @@ def test_rollout_is_weights_scale_the_vanilla_loss_per_token() -> None:
     old, new, adv = (torch.randn(3, 5, generator=g) for _ in range(3))
     mask, valid = torch.ones(3, 5), torch.ones(3, dtype=torch.bool)
     weights = torch.rand(3, 5, generator=g) * 2
-    cfg = PolicyLossConfig(loss_agg_mode="token-mean")
+    cfg = ActorConfig(loss_agg_mode="token-mean")
     loss_fn = get_policy_loss("vanilla")
     weighted, _ = loss_fn(
         old_log_prob=old,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mmrl.errors import CheckpointError, ConfigError, DataError, MMRLError, VerifierError
+from mmrl.trainer.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,7 +66,7 @@ def test_errors_survive_pickling_with_a_rank_prefix():
 
 
 def test_cli_prints_a_config_error_in_one_line_without_traceback():
-    out = mmrl_cli("train", "actor_rollout_ref.actor.no_such_key=1")
+    out = mmrl_cli("train", "actor_rollout_ref.actor.no_such_key=1", env={"MMRL_DEBUG": "0"})
     assert out.returncode == 1
     assert "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
@@ -73,12 +74,10 @@ def test_cli_prints_a_config_error_in_one_line_without_traceback():
     assert lines[0].startswith("mmrl: error:") and "no_such_key" in lines[0]
 
 
-def test_cli_shows_the_traceback_with_debug():
+def test_cli_shows_the_traceback_with_mmrl_debug():
     out = mmrl_cli("train", "actor_rollout_ref.actor.no_such_key=1", env={"MMRL_DEBUG": "1"})
     assert out.returncode != 0
     assert "Traceback" in out.stderr and "ConfigError" in out.stderr
-    flag = mmrl_cli("--debug", "train", "actor_rollout_ref.actor.no_such_key=1")
-    assert "Traceback" in flag.stderr and "ConfigError" in flag.stderr
 
 
 def test_cli_keeps_the_traceback_of_an_unexpected_error(tmp_path):
@@ -97,7 +96,39 @@ def test_cli_keeps_the_traceback_of_an_unexpected_error(tmp_path):
     assert "ValueError: internal bug in the plugin" in out.stderr
 
 
-@pytest.mark.parametrize("debug", ["0", ""])
-def test_debug_off_values_keep_the_short_form(debug):
-    out = mmrl_cli("train", "actor_rollout_ref.actor.no_such_key=1", env={"MMRL_DEBUG": debug})
-    assert out.returncode == 1 and "Traceback" not in out.stderr
+def test_debug_flag_raises_the_error_itself(monkeypatch, capsys):
+    monkeypatch.delenv("MMRL_DEBUG", raising=False)
+    assert main(["train", "actor_rollout_ref.rollout.n=0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mmrl: error: actor_rollout_ref.rollout.n=0: must be >= 1")
+    with pytest.raises(ConfigError, match="rollout.n=0"):
+        main(["--debug", "train", "actor_rollout_ref.rollout.n=0"])
+
+
+def test_dry_run_prints_the_config_and_every_problem(capsys):
+    code = main(
+        ["train", "--dry-run", "actor_rollout_ref.rollout.n=0", "trainer.mixed_precision=fp8"]
+    )
+    out = capsys.readouterr()
+    assert code == 1
+    assert "actor_rollout_ref:" in out.out and "loss_mode: vanilla" in out.out
+    assert "2 problem(s) found" in out.err
+    assert "rollout.n=0" in out.err and "mixed_precision='fp8'" in out.err
+    assert main(["train", "--dry-run"]) == 0
+    assert "config OK" in capsys.readouterr().out
+
+
+def test_a_damaged_prompt_video_is_a_data_error_naming_the_file(tmp_path):
+    import numpy as np
+
+    from mmrl.processors.media import read_video
+    from mmrl.worldmodel.video import write_mp4
+
+    frames = np.zeros((6, 32, 32, 3), np.uint8)
+    data = write_mp4(tmp_path / "good.mp4", frames, fps=5).read_bytes()
+    (tmp_path / "cut.mp4").write_bytes(data[: len(data) // 3])  # a truncated download
+    (tmp_path / "text.mp4").write_text("not a video")
+    for name in ("cut.mp4", "text.mp4"):
+        with pytest.raises(DataError, match=rf"{name}: cannot decode the video") as err:
+            read_video(str(tmp_path / name), fps=2.0, min_frames=2, max_frames=4)
+        assert "re-encode" in err.value.short()

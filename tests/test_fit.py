@@ -75,7 +75,7 @@ def test_every_estimator_runs_a_step(tmp_path, warm_model_dir, estimator):
 @pytest.mark.parametrize("loss", ["vanilla", "gspo", "cispo"])
 def test_every_policy_loss_runs_a_step(tmp_path, warm_model_dir, loss):
     row = short_run(
-        tmp_path, warm_model_dir, f"actor_rollout_ref.actor.policy_loss={loss}"
+        tmp_path, warm_model_dir, f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}"
     ).history[-1]
     assert np.isfinite(row["actor/pg_loss"]) and 0.0 <= row["actor/pg_clipfrac"] <= 1.0
 

@@ -455,3 +455,26 @@ def test_train_through_a_ray_start_head(tmp_path, tiny_model_dir):
     assert [r["step"] for r in rows] == [1, 2]
     assert "critic/vf_loss" in rows[-1] and "timing_s/update_weights" in rows[-1]
     assert (tmp_path / "run" / "actor" / "config.json").is_file()
+
+
+def test_expected_error_in_a_worker_arrives_short_with_its_rank(tmp_path, local_ray):
+    from mmrl.errors import CheckpointError
+    from mmrl.hybrid.ray_group import RayWorkerGroup, ResourcePool
+
+    not_a_model = tmp_path / "not_a_model"
+    not_a_model.mkdir()
+    cfg = short_cfg(tmp_path, not_a_model)
+    with pytest.raises(CheckpointError) as err:
+        RayWorkerGroup.spawn(
+            ResourcePool(1, 1, cpus_per_worker=1),
+            "actor",
+            ActorRolloutRefWorker,
+            cfg,
+            not_a_model,
+            False,
+            device_type="cpu",
+            timeout_s=60,
+        )
+    short = err.value.short()
+    assert short.startswith("rank 0 of 1") and "no config.json" in short
+    assert "Traceback" not in short and len(short.splitlines()) <= 2

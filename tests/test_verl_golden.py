@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from mmrl import algos
-from mmrl.config import AlgorithmConfig
+from mmrl.config import ActorConfig, AlgorithmConfig, PolicyLossConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = json.loads((ROOT / "tests" / "data" / "verl_golden.json").read_text())
@@ -174,20 +174,20 @@ def test_agg_loss_matches_verl():
         assert_close(got, case["loss"], case["id"])
 
 
-def policy_loss_config(loss_mode: str, cfg: dict) -> algos.PolicyLossConfig:
-    """mmrl's config for verl's actor clip settings (verl's GSPO/CISPO read the same fields)."""
+def policy_loss_config(loss_mode: str, cfg: dict) -> ActorConfig:
+    """mmrl's actor config for verl's actor clip settings (verl's GSPO/CISPO read the actor's
+    clip ratios; mmrl's GSPO has its own, and CISPO falls back to the actor's upper one)."""
     low, high, agg = cfg["low"], cfg["high"], cfg["loss_agg_mode"]
     if loss_mode == "gspo":
-        return algos.PolicyLossConfig(
-            gspo_clip_ratio_low=low, gspo_clip_ratio_high=high, gspo_loss_agg_mode=agg
+        knobs = PolicyLossConfig(
+            "gspo", gspo_clip_ratio_low=low, gspo_clip_ratio_high=high, gspo_loss_agg_mode=agg
         )
+        return ActorConfig(loss_agg_mode=agg, policy_loss=knobs)
     if loss_mode == "cispo":
         # verl's lower bound 1 - low is 0 for low = 1: no lower bound, mmrl's None.
-        low = None if low == 1.0 else low
-        return algos.PolicyLossConfig(
-            cispo_clip_ratio_low=low, cispo_clip_ratio_high=high, loss_agg_mode=agg
-        )
-    return algos.PolicyLossConfig(
+        knobs = PolicyLossConfig("cispo", cispo_clip_ratio_low=None if low == 1.0 else low)
+        return ActorConfig(clip_ratio_high=high, loss_agg_mode=agg, policy_loss=knobs)
+    return ActorConfig(
         clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=cfg["c"], loss_agg_mode=agg
     )
 

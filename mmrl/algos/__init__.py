@@ -30,9 +30,9 @@ from mmrl.algos.policy_losses import (
     AGG_MODES,
     POLICY_LOSSES,
     PolicyLoss,
-    PolicyLossConfig,
     agg_loss,
     get_policy_loss,
+    pg_loss_agg_mode,
     register_policy_loss,
 )
 from mmrl.algos.rollout_correction import rollout_is_weights
@@ -52,7 +52,6 @@ __all__ = [
     "GroupStats",
     "KLController",
     "PolicyLoss",
-    "PolicyLossConfig",
     "agg_loss",
     "apply_kl_penalty",
     "build_kl_controller",
@@ -67,6 +66,7 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "pg_loss_agg_mode",
     "register_adv_estimator",
     "register_policy_loss",
     "rollout_is_weights",

@@ -8,6 +8,9 @@ registered under its config name and called with the same keywords::
         valid_mask=..., config=...,
     )
 
+``config`` is the run's ``actor_rollout_ref.actor`` section (:class:`~mmrl.config.ActorConfig`)
+as the YAML filled it: the clip ratios and ``loss_agg_mode`` are the actor's, and each loss's
+own settings sit beside ``loss_mode`` under ``config.policy_loss``.
 Rows with ``valid_mask[i] == False`` contribute nothing and are not counted in
 any denominator. Metrics: ``pg_clipfrac``, ``ppo_kl`` (masked mean of
 ``old_log_prob - log_prob``), ``pg_clipfrac_lower`` (dual-clip fraction).
@@ -16,15 +19,15 @@ any denominator. Metrics: ``pg_clipfrac``, ``ppo_kl`` (masked mean of
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from mmrl.algos.stats import masked_mean
+from mmrl.config.fields import AGG_MODES
+from mmrl.config.schema import ActorConfig
 from mmrl.utils.registry import Registry
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOG_RATIO_CLAMP = 20.0  # |log ratio| bound before exp: e**20 ~ 4.9e8 stays finite in fp32
 # GSPO's sequence ratio is capped at e**10 (verl's bound); no lower bound: exp underflows to 0.
 GSPO_LOG_RATIO_MAX = 10.0
@@ -75,40 +78,19 @@ def agg_loss(
     return seq_loss.sum() / n_rows
 
 
-@dataclass
-class PolicyLossConfig:
-    """Policy-loss settings.
-
-    clip_ratio_low / clip_ratio_high: PPO clip range ``[1 - low, 1 + high]`` (vanilla).
-    clip_ratio_c: dual-clip bound (> 1) on the loss for negative advantages; None disables.
-    loss_agg_mode: aggregation for vanilla and cispo (see ``agg_loss``).
-    cispo_clip_ratio_high: CISPO weight upper bound ``1 + high``.
-    cispo_clip_ratio_low: CISPO weight lower bound ``1 - low``; None means no lower bound.
-    gspo_clip_ratio_low / gspo_clip_ratio_high: GSPO sequence-ratio clip range.
-    gspo_loss_agg_mode: aggregation for GSPO.
-    """
-
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float | None = 3.0
-    loss_agg_mode: str = "token-mean"
-    cispo_clip_ratio_high: float = 4.0
-    cispo_clip_ratio_low: float | None = None
-    gspo_clip_ratio_low: float = 3e-4
-    gspo_clip_ratio_high: float = 4e-4
-    gspo_loss_agg_mode: str = "seq-mean-token-mean"
-
-    def __post_init__(self) -> None:
-        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1.0:
-            raise ValueError(f"clip_ratio_c must be > 1 or None, found {self.clip_ratio_c}")
-        for key in ("loss_agg_mode", "gspo_loss_agg_mode"):
-            if getattr(self, key) not in AGG_MODES:
-                raise ValueError(f"{key}={getattr(self, key)!r} is not one of {list(AGG_MODES)}")
-
-
 def register_policy_loss(name: str, **traits: object) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Register a policy loss under the config name ``name``."""
+    """Register a policy loss under the config name ``name``.
+
+    Trait ``agg_mode``: ``fn(config: ActorConfig) -> str``, the aggregation the loss uses when
+    it is not ``actor.loss_agg_mode``; the actor weighs micro-batches by it.
+    """
     return POLICY_LOSSES.register(name, **traits)
+
+
+def pg_loss_agg_mode(config: ActorConfig) -> str:
+    """The aggregation mode of the policy loss ``config.policy_loss.loss_mode`` selects."""
+    own = POLICY_LOSSES.trait(config.policy_loss.loss_mode, "agg_mode")
+    return own(config) if own is not None else config.loss_agg_mode
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
@@ -143,18 +125,19 @@ def compute_policy_loss_vanilla(
     advantages: Tensor,
     response_mask: Tensor,
     valid_mask: Tensor | None = None,
-    config: PolicyLossConfig | None = None,
+    config: ActorConfig | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate with asymmetric clip range and dual clip.
 
     old_log_prob: [B, T] log-probs under the behaviour policy (no grad).
     log_prob: [B, T] log-probs under the current policy.
     advantages: [B, T]. response_mask: [B, T]. valid_mask: [B] bool or None.
-    config: ``clip_ratio_low``, ``clip_ratio_high``, ``clip_ratio_c``, ``loss_agg_mode``.
+    config: the actor's section; reads ``clip_ratio_low``, ``clip_ratio_high``,
+    ``clip_ratio_c``, ``loss_agg_mode``.
     loss_t = max(-A r, -A clip(r, 1 - low, 1 + high)); where A < 0 it is further
     capped at -A * clip_ratio_c.
     """
-    config = config or PolicyLossConfig()
+    config = config or ActorConfig()
     mask = _token_mask(response_mask, valid_mask)
     log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
@@ -172,7 +155,7 @@ def compute_policy_loss_vanilla(
     return loss, _metrics(clipped, log_ratio, mask, clipped_lower)
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", agg_mode=lambda config: config.policy_loss.gspo_loss_agg_mode)
 def compute_policy_loss_gspo(
     *,
     old_log_prob: Tensor,
@@ -180,30 +163,32 @@ def compute_policy_loss_gspo(
     advantages: Tensor,
     response_mask: Tensor,
     valid_mask: Tensor | None = None,
-    config: PolicyLossConfig | None = None,
+    config: ActorConfig | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """GSPO: clip a sequence-level ratio ``s_i = exp(mean_t log(pi / pi_old))``.
 
     old_log_prob: [B, T]. log_prob: [B, T]. advantages: [B, T]. response_mask: [B, T].
     valid_mask: [B] bool or None.
-    config: ``gspo_clip_ratio_low``, ``gspo_clip_ratio_high``, ``gspo_loss_agg_mode``.
+    config: the actor's section; reads ``policy_loss.gspo_clip_ratio_low``,
+    ``policy_loss.gspo_clip_ratio_high``, ``policy_loss.gspo_loss_agg_mode``.
     Token form: ``s_i,t = sg(s_i) * pi_t / sg(pi_t)``, equal to ``s_i`` in value, so each
     token's gradient is its own score function scaled by the sequence ratio. ``s_i,t`` is
     capped at ``e**10`` (as in verl); above the cap the token has no gradient.
     """
-    config = config or PolicyLossConfig()
+    config = config or ActorConfig()
     mask = _token_mask(response_mask, valid_mask)
     log_ratio = log_prob - old_log_prob
     seq_log_ratio = masked_mean(log_ratio, mask, dim=-1)  # [B]
     token_log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach()[:, None]
     ratio = torch.exp(torch.clamp(token_log_ratio, max=GSPO_LOG_RATIO_MAX))
+    knobs = config.policy_loss
     clipped_ratio = torch.clamp(
-        ratio, 1 - config.gspo_clip_ratio_low, 1 + config.gspo_clip_ratio_high
+        ratio, 1 - knobs.gspo_clip_ratio_low, 1 + knobs.gspo_clip_ratio_high
     )
     pg_losses1 = -advantages * ratio
     pg_losses2 = -advantages * clipped_ratio
     pg_losses = torch.maximum(pg_losses1, pg_losses2)
-    loss = agg_loss(pg_losses, mask, config.gspo_loss_agg_mode)
+    loss = agg_loss(pg_losses, mask, knobs.gspo_loss_agg_mode)
     return loss, _metrics(pg_losses2 > pg_losses1, log_ratio, mask)
 
 
@@ -215,23 +200,30 @@ def compute_policy_loss_cispo(
     advantages: Tensor,
     response_mask: Tensor,
     valid_mask: Tensor | None = None,
-    config: PolicyLossConfig | None = None,
+    config: ActorConfig | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """CISPO: REINFORCE weighted by a clipped, detached importance ratio.
 
     old_log_prob: [B, T]. log_prob: [B, T]. advantages: [B, T]. response_mask: [B, T].
     valid_mask: [B] bool or None.
-    config: ``cispo_clip_ratio_high``, ``cispo_clip_ratio_low`` (None: no lower bound),
+    config: the actor's section; reads ``policy_loss.cispo_clip_ratio_high`` (None:
+    ``clip_ratio_high``), ``policy_loss.cispo_clip_ratio_low`` (None: no lower bound) and
     ``loss_agg_mode``.
     loss_t = -sg(clip(r_t, 1 - low, 1 + high)) * A_t * log_prob_t; every token keeps a
     gradient, the weight is what gets clipped.
     """
-    config = config or PolicyLossConfig()
+    config = config or ActorConfig()
     mask = _token_mask(response_mask, valid_mask)
     log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio.detach())
-    low = None if config.cispo_clip_ratio_low is None else 1 - config.cispo_clip_ratio_low
-    weight = torch.clamp(ratio, min=low, max=1 + config.cispo_clip_ratio_high)
+    knobs = config.policy_loss
+    low = None if knobs.cispo_clip_ratio_low is None else 1 - knobs.cispo_clip_ratio_low
+    high = (
+        config.clip_ratio_high
+        if knobs.cispo_clip_ratio_high is None
+        else knobs.cispo_clip_ratio_high
+    )
+    weight = torch.clamp(ratio, min=low, max=1 + high)
     pg_losses = -weight * advantages * log_prob
     loss = agg_loss(pg_losses, mask, config.loss_agg_mode)
     return loss, _metrics(weight != ratio, log_ratio, mask)

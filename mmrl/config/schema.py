@@ -1,8 +1,10 @@
-"""Typed run configuration.
+"""Typed run configuration: every key ``mmrl train`` accepts, its default and its meaning.
 
-Hydra composes YAML from ``mmrl/configs/``; :func:`mmrl.config.load_config` validates
-it once against these dataclasses (unknown keys and wrong types are errors) and
-the rest of the code only sees typed objects.
+Hydra composes ``mmrl/configs/train.yaml`` (and a task file) over these dataclasses;
+:func:`mmrl.config.load_config` checks every key and value and returns a :class:`RunConfig`.
+The code reads these objects as they are: the algorithm functions take the section they
+need (``ActorConfig``, ``AlgorithmConfig``), never a copy. Each field is documented once, by
+the string under it; ``docs/config.md`` is generated from them.
 """
 
 from __future__ import annotations
@@ -11,102 +13,171 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmrl.config.fields import AGG_MODES, each_one_of, one_of, ranged, registry_name
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
 
 @dataclass
 class DataConfig:
-    train_batch_size: int = 16
-    val_batch_size: int = 64
-    max_prompt_length: int = 16
-    max_response_length: int = 8
+    train_batch_size: int = ranged(16, ge=1)
+    """Prompts per RL step, before each is repeated ``rollout.n`` times."""
+    val_batch_size: int = ranged(64, ge=1)
+    """Prompts per validation generate call."""
+    max_prompt_length: int = ranged(16, ge=1)
+    """Prompt tokens; a longer prompt is an error, or dropped with filter_overlong_prompts."""
+    max_response_length: int = ranged(8, ge=1)
+    """Tokens generated per response."""
     filter_overlong_prompts: bool = False
+    """Drop prompts longer than max_prompt_length instead of failing."""
     shuffle: bool = True
-    # Prompts with images and video (VLM tasks; docs/vlm.md). None keeps the model processor's
-    # value.
-    min_pixels: int | None = None  # area bounds of resized images
-    max_pixels: int | None = None
-    video_min_pixels: int | None = None  # the same per video frame
-    video_max_pixels: int | None = None
-    video_fps: float = (
-        2.0  # frames sampled per second of video, clamped to [video_min_frames, video_max_frames]
-    )
-    video_min_frames: int = 2
-    video_max_frames: int = 16
-    truncation: str = (
-        "error"  # error | left | right: drop text tokens of overlong prompts (never vision tokens)
-    )
-    keep_raw_media: bool = (
-        False  # keep raw media beside the processed pixels (the vLLM engine turns it on)
-    )
-    cache_size: int = 4096  # processed prompts kept (per-uid cache, LRU); 0 disables
-    # Refusals, checked before media is decoded in full (a decompression bomb costs nothing):
-    # encoded image size, image width * height (from the header; PIL's own warning level),
-    # and frames in a video's container. null turns a check off. max_pixels above only resizes.
-    max_image_bytes: int | None = 64 * 2**20
-    max_image_pixels: int | None = 89_478_485
-    max_video_frames: int | None = 100_000
+    """Shuffle the training prompts on every pass."""
+    min_pixels: int | None = ranged(None, ge=1)
+    """VLM tasks: lower area bound of resized images, in pixels; null keeps the model
+    processor's value (docs/vlm.md)."""
+    max_pixels: int | None = ranged(None, ge=1)
+    """VLM tasks: upper area bound of resized images (a resize bound, not a refusal)."""
+    video_min_pixels: int | None = ranged(None, ge=1)
+    """As min_pixels, per video frame."""
+    video_max_pixels: int | None = ranged(None, ge=1)
+    """As max_pixels, per video frame."""
+    video_fps: float = ranged(2.0, gt=0)
+    """Frames sampled per second of video, clamped to [video_min_frames, video_max_frames]."""
+    video_min_frames: int = ranged(2, ge=1)
+    """Fewest frames sampled from a video."""
+    video_max_frames: int = ranged(16, ge=1)
+    """Most frames sampled from a video."""
+    truncation: str = one_of("error", ("error", "left", "right"))
+    """Overlong prompts: error, or drop text tokens from the left or right (never vision
+    tokens)."""
+    keep_raw_media: bool = False
+    """Keep raw media beside the processed pixels (rollout.name=vllm turns it on)."""
+    cache_size: int = ranged(4096, ge=0)
+    """Processed prompts kept in the per-uid LRU cache; 0 disables it."""
+    max_image_bytes: int | None = ranged(64 * 2**20, ge=1)
+    """Refuse an image whose encoded size is larger (checked before decoding, so a
+    decompression bomb costs nothing); null: no check. max_pixels only resizes."""
+    max_image_pixels: int | None = ranged(89_478_485, ge=1)
+    """Refuse an image with more pixels (width x height, from its header; PIL's own warning
+    level); null: no check."""
+    max_video_frames: int | None = ranged(100_000, ge=1)
+    """Refuse a video with more frames in its container; null: no check."""
 
 
 @dataclass
 class ModelConfig:
     path: str | None = None
-    dtype: str = "float32"
+    """A local save_pretrained folder to start RL from; null lets the task build (and warm up)
+    its own model. Models are never downloaded."""
+    dtype: str = one_of("float32", DTYPE_NAMES)
+    """Parameter dtype the actor loads in."""
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = registry_name("vanilla", "policy_loss")
+    """The policy loss: vanilla (PPO clip, asymmetric ratios, dual clip), gspo, cispo, or a
+    registered one."""
+    cispo_clip_ratio_low: float | None = ranged(None, ge=0)
+    """CISPO: the importance weight's lower bound is 1 - this; null: no lower bound (as in the
+    MiniMax-M1 paper)."""
+    cispo_clip_ratio_high: float | None = ranged(None, ge=0)
+    """CISPO: the importance weight's upper bound is 1 + this; null: actor.clip_ratio_high."""
+    gspo_clip_ratio_low: float = ranged(3e-4, ge=0, lt=1)
+    """GSPO: the sequence ratio is clipped below at 1 - this (the GSPO paper's value)."""
+    gspo_clip_ratio_high: float = ranged(4e-4, ge=0)
+    """GSPO: the sequence ratio is clipped above at 1 + this (the GSPO paper's value)."""
+    gspo_loss_agg_mode: str = one_of("seq-mean-token-mean", AGG_MODES)
+    """GSPO: how its per-token loss is aggregated (actor.loss_agg_mode still applies to the
+    entropy and KL terms)."""
 
 
 @dataclass
 class ActorConfig:
-    lr: float = 3e-4
-    # RL steps over which the lr rises linearly to `lr` (verl's optim.lr_warmup_steps). Adam's
-    # first steps move every parameter by about lr whatever the gradient's size, which a
-    # small, noisy policy gradient turns into a jump in the policy.
-    lr_warmup_steps: int = 0
-    weight_decay: float = 0.0
-    ppo_mini_batch_size: int = 8
-    ppo_micro_batch_size: int = 64
-    ppo_epochs: int = 1
-    policy_loss: str = "vanilla"
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.28
-    clip_ratio_c: float | None = 3.0
-    loss_agg_mode: str = "token-mean"
+    lr: float = ranged(3e-4, gt=0)
+    """Adam learning rate."""
+    lr_warmup_steps: int = ranged(0, ge=0)
+    """RL steps over which the lr rises linearly to lr (verl's optim.lr_warmup_steps). Adam's
+    first steps move every parameter by about lr whatever the gradient's size."""
+    weight_decay: float = ranged(0.0, ge=0)
+    """AdamW weight decay."""
+    ppo_mini_batch_size: int = ranged(8, ge=1)
+    """Prompts per optimizer step (each with its rollout.n samples)."""
+    ppo_micro_batch_size: int = ranged(64, ge=1)
+    """Samples per forward/backward; gradients accumulate over a mini-batch."""
+    ppo_epochs: int = ranged(1, ge=1)
+    """Passes over each step's samples."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    """The policy loss and its own settings."""
+    clip_ratio_low: float = ranged(0.2, ge=0, lt=1)
+    """PPO clip range lower side: the ratio is clipped at 1 - this."""
+    clip_ratio_high: float = ranged(0.28, ge=0)
+    """PPO clip range upper side: the ratio is clipped at 1 + this."""
+    clip_ratio_c: float | None = ranged(3.0, gt=1)
+    """Dual clip: the loss of a negative advantage is capped at -A * this; null disables."""
+    loss_agg_mode: str = one_of("token-mean", AGG_MODES)
+    """How per-token losses become one number (docs/algorithms.md)."""
     entropy_coeff: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
     use_kl_loss: bool = True
-    kl_loss_coef: float = 0.01
-    kl_loss_type: str = "low_var_kl"
-    grad_clip: float = 1.0
-    # Regexes over parameter names (re.search); matching parameters are frozen before the
-    # optimizer is built, e.g. ["visual\\."] freezes a Qwen-VL vision tower (model.visual.*).
+    """Add a KL(actor || reference) term to the loss."""
+    kl_loss_coef: float = ranged(0.01, ge=0)
+    """Weight of the KL loss."""
+    kl_loss_type: str = registry_name("low_var_kl", "kl_penalty")
+    """KL estimator of the KL loss: k1/kl, abs, k2/mse, k3/low_var_kl."""
+    grad_clip: float = ranged(1.0, gt=0)
+    """Gradient norm clip."""
     freeze_modules: list[str] = field(default_factory=list)
+    """Regexes over parameter names (re.search), frozen before the optimizer is built, e.g.
+    ['visual\\.'] freezes a Qwen-VL vision tower."""
 
 
 @dataclass
 class ValKwargs:
-    n: int = 1
-    temperature: float = 1.0
+    n: int = ranged(1, ge=1)
+    """Samples per validation prompt."""
+    temperature: float = ranged(1.0, gt=0)
+    """Validation sampling temperature."""
     do_sample: bool = True
+    """Sample during validation (false: greedy)."""
 
 
 @dataclass
 class RolloutConfig:
-    name: str = "hf"
-    n: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    name: str = registry_name("hf", "rollout")
+    """The rollout engine: hf (transformers generate), vllm, latent."""
+    n: int = ranged(8, ge=1)
+    """Samples per prompt (the group size of GRPO and RLOO)."""
+    temperature: float = ranged(1.0, gt=0)
+    """Sampling temperature; log-probs are computed at the same temperature."""
+    top_p: float = ranged(1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    top_k: int = ranged(0, ge=0)
+    """Top-k sampling; 0 disables."""
     do_sample: bool = True
-    log_prob_micro_batch_size: int = 128
+    """Sample (false: greedy)."""
+    log_prob_micro_batch_size: int = ranged(128, ge=1)
+    """Samples per forward when recomputing the actor's log-probs."""
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
-    # vLLM engine settings (rollout.name=vllm); the hf engine ignores them.
-    dtype: str = "auto"  # auto: the actor's dtype
-    kv_cache_memory_gib: float | None = 1.0  # None: size the KV cache by gpu_memory_utilization
-    gpu_memory_utilization: float = 0.5
+    """Sampling during validation."""
+    dtype: str = one_of("auto", ("auto", *DTYPE_NAMES))
+    """vLLM: the engine's dtype; auto is the actor's. bfloat16 is faster (docs/benchmarks.md)."""
+    kv_cache_memory_gib: float | None = ranged(1.0, gt=0)
+    """vLLM: KV cache size; null sizes it by gpu_memory_utilization."""
+    gpu_memory_utilization: float = ranged(0.5, gt=0, le=1)
+    """vLLM: share of device memory the engine may take."""
     enforce_eager: bool = True
+    """vLLM: no compilation (compiling is slow to start on CPU)."""
     enable_prefix_caching: bool = True
-    max_num_seqs: int = 256
+    """vLLM: the n samples of a prompt share its prefill."""
+    max_num_seqs: int = ranged(256, ge=1)
+    """vLLM: sequences decoded together."""
 
 
 @dataclass
 class RefConfig:
-    log_prob_micro_batch_size: int = 128
+    log_prob_micro_batch_size: int = ranged(128, ge=1)
+    """Samples per forward of the reference policy."""
 
 
 @dataclass
@@ -119,94 +190,136 @@ class ActorRolloutRefConfig:
 
 @dataclass
 class CriticConfig:
-    lr: float = 1e-3
-    ppo_micro_batch_size: int = 64
-    ppo_epochs: int = 1
-    cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
-    grad_clip: float = 1.0
+    lr: float = ranged(1e-3, gt=0)
+    """Critic learning rate (GAE only)."""
+    ppo_micro_batch_size: int = ranged(64, ge=1)
+    """Samples per critic forward/backward."""
+    ppo_epochs: int = ranged(1, ge=1)
+    """Critic passes over each step's samples."""
+    cliprange_value: float = ranged(0.5, gt=0)
+    """Value clip range around the old values."""
+    loss_agg_mode: str = one_of("token-mean", AGG_MODES)
+    """How per-token value losses become one number."""
+    grad_clip: float = ranged(1.0, gt=0)
+    """Critic gradient norm clip."""
 
 
 @dataclass
 class VerifierSpec:
-    """One ``reward.verifiers`` entry; see mmrl/verifiers and docs/verifiers.md."""
-
-    # A registered name, an entry point in group mmrl.verifiers, module:function or
-    # file.py:function.
     name: str = "exact_answer"
+    """A registered verifier, an entry point in group mmrl.verifiers, module:function or
+    path/to/file.py:function (docs/verifiers.md)."""
     weight: float = 1.0
-    alias: str | None = None  # metric name (reward/<alias>/...); default: the verifier's name
-    mode: str | None = None  # batch | process; None: what the verifier declares (batch by default)
-    timeout_s: float | None = None  # per worker call in process mode; None: reward.timeout_s
-    chunk_size: int | None = None  # samples per worker call in process mode
-    kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the verifier function
+    """Weight in the summed score; 0 logs the verifier's metrics without rewarding them."""
+    alias: str | None = None
+    """Metric name (reward/<alias>/...); default: the verifier's name."""
+    mode: str | None = one_of(None, (None, "batch", "process"))
+    """batch or process; null: what the verifier declares (batch by default)."""
+    timeout_s: float | None = ranged(None, gt=0)
+    """Per worker call in process mode; null: reward.timeout_s."""
+    chunk_size: int | None = ranged(None, ge=1)
+    """Samples per worker call in process mode."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments passed to the verifier function."""
 
 
 @dataclass
 class RewardConfig:
     verifiers: list[VerifierSpec] = field(default_factory=lambda: [VerifierSpec()])
-    overlong_reward: str = "zero"
-    num_workers: int | None = (
-        None  # worker processes for process-mode verifiers; None: CPU count (<= 8)
-    )
-    timeout_s: float = 60.0  # default per-call timeout of process-mode verifiers
+    """The verifiers whose weighted scores sum to the reward."""
+    overlong_reward: str = one_of("zero", ("keep", "zero"))
+    """Responses cut at max_response_length without EOS: keep scores them as they are, zero
+    gives them zero reward."""
+    num_workers: int | None = ranged(None, ge=1)
+    """Worker processes for process-mode verifiers; null: the CPU count (at most 8)."""
+    timeout_s: float = ranged(60.0, gt=0)
+    """Default per-call timeout of process-mode verifiers."""
 
 
 @dataclass
 class KLControlConfig:
-    type: str = "fixed"
-    kl_coef: float = 0.001
-    target_kl: float = 0.1
-    horizon: int = 10000
+    type: str = registry_name("fixed", "kl_ctrl")
+    """fixed, or adaptive (steers the measured KL towards target_kl)."""
+    kl_coef: float = ranged(0.001, ge=0)
+    """The (initial) KL-in-reward coefficient."""
+    target_kl: float = ranged(0.1, gt=0)
+    """adaptive: the KL to steer towards."""
+    horizon: int = ranged(10000, ge=1)
+    """adaptive: samples over which the coefficient adapts."""
 
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"
-    gamma: float = 1.0
-    lam: float = 1.0
+    adv_estimator: str = registry_name("grpo", "adv_estimator")
+    """grpo, gae, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax."""
+    gamma: float = ranged(1.0, ge=0, le=1)
+    """Discount per response step (GAE, REINFORCE++)."""
+    lam: float = ranged(1.0, ge=0, le=1)
+    """GAE lambda."""
     norm_adv_by_std_in_grpo: bool = True
+    """Divide GRPO advantages by the group's std; false is Dr.GRPO."""
     use_kl_in_reward: bool = False
-    kl_penalty: str = "k1"
+    """Subtract kl_ctrl's coefficient times the KL from the reward."""
+    kl_penalty: str = registry_name("k1", "kl_penalty")
+    """KL estimator of the KL in the reward: k1/kl, abs, k2/mse, k3/low_var_kl."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
-    # Truncated importance sampling from the rollout engine's distribution to the
-    # trainer's: null (off) | token | sequence, with weights capped at rollout_is_cap.
-    rollout_is: str | None = None
-    rollout_is_cap: float = 2.0
+    """The coefficient of the KL in the reward."""
+    rollout_is: str | None = one_of(None, (None, "token", "sequence"))
+    """Truncated importance sampling from the rollout engine's distribution to the trainer's
+    (bf16 vLLM vs fp32 FSDP): null (off), token or sequence."""
+    rollout_is_cap: float = ranged(2.0, ge=1)
+    """Importance weights are capped at this."""
 
 
 @dataclass
 class TrainerConfig:
     seed: int = 0
-    total_steps: int = 60
-    test_freq: int = 10
-    save_freq: int = 0
+    """Seeds data order, sampling and initialisation."""
+    total_steps: int = ranged(60, ge=1)
+    """RL steps."""
+    test_freq: int = ranged(10, ge=0)
+    """Validate every N steps and after the last; 0 disables."""
+    save_freq: int = ranged(0, ge=0)
+    """Save the actor every N steps; 0 saves only at the end."""
     val_before_train: bool = True
-    val_greedy: bool = False  # also validate with greedy decoding (metrics val/greedy/*)
+    """Validate before step 1."""
+    val_greedy: bool = False
+    """Also validate with greedy decoding (metrics val/greedy/*)."""
     output_dir: str = "outputs/run"
+    """Where the run writes (metrics, checkpoints, init_model)."""
     experiment_name: str = "run"
-    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """The run's name."""
+    loggers: list[str] = each_one_of(["console", "jsonl"], ("console", "jsonl"))
+    """console and/or jsonl (<output_dir>/metrics.jsonl)."""
     progress_bar: bool = True
-    # Workers (mmrl/hybrid). One worker and no ray_address is the embedded mode (in-process).
-    n_workers_per_node: int = 1
-    nnodes: int = 1
-    ray_address: str | None = (
-        None  # "auto" or "host:port" joins a cluster; null starts a local Ray if needed
-    )
-    ray_object_store_mb: int = 1024  # object store of a local Ray
-    ray_num_cpus_per_worker: float = 1.0
-    colocate_critic: bool = True  # critic in the actor workers' processes, or its own workers
-    device: str = "auto"  # auto | cpu | cuda
-    mixed_precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
-    dist_timeout_s: float = 90.0  # a collective waiting longer than this fails (e.g. a dead rank)
-    # Samples the verifiers could not score (docs/verifiers.md). A step with none valid skips
-    # its update. reward/invalid_rate above max_invalid_rate for invalid_rate_patience steps in
-    # a row stops the run with a checkpoint; null never stops.
-    max_invalid_rate: float | None = 0.99
-    invalid_rate_patience: int = 10
-    # Leave groups whose valid samples all scored the same out of the update (verl keeps them:
-    # their advantages are 0, but the KL loss still applies). docs/algorithms.md.
+    """Show a progress bar."""
+    n_workers_per_node: int = ranged(1, ge=1)
+    """Workers (FSDP ranks) per node; one worker and no ray_address runs in-process."""
+    nnodes: int = ranged(1, ge=1)
+    """Nodes of a Ray cluster."""
+    ray_address: str | None = None
+    """auto or host:port joins a running cluster; null starts a local Ray when needed."""
+    ray_object_store_mb: int = ranged(1024, ge=64)
+    """Object store of a local Ray (the default size does not fit beside the engines)."""
+    ray_num_cpus_per_worker: float = ranged(1.0, gt=0)
+    """CPUs reserved per worker."""
+    colocate_critic: bool = True
+    """Critic in the actor workers' processes; false: its own workers."""
+    device: str = one_of("auto", ("auto", "cpu", "cuda"))
+    """auto picks cuda when a GPU is visible."""
+    mixed_precision: str = one_of("auto", ("auto", "bf16", "fp32"))
+    """auto: bf16 compute on GPU, fp32 on CPU."""
+    dist_timeout_s: float = ranged(90.0, gt=0)
+    """A collective waiting longer than this fails (a dead rank is an error, not a hang)."""
+    max_invalid_rate: float | None = ranged(0.99, ge=0, le=1)
+    """Stop the run (with a checkpoint) when reward/invalid_rate, the share of samples the
+    verifiers could not score, stays above this for invalid_rate_patience steps in a row;
+    null never stops. A step with no valid sample skips its update (docs/verifiers.md)."""
+    invalid_rate_patience: int = ranged(10, ge=1)
+    """Steps in a row over max_invalid_rate before the run stops."""
     skip_zero_variance_updates: bool = False
+    """Leave groups whose valid samples all scored the same out of the update; verl keeps them
+    (their advantages are 0, but the KL loss still applies). docs/algorithms.md."""
 
 
 @dataclass
@@ -217,8 +330,8 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    # Task-specific settings; the task named here parses them into its own type.
     task: dict[str, Any] = field(default_factory=dict)
+    """Task settings; the task named by task.name parses them into its own type."""
 
     @property
     def output_dir(self) -> Path:

@@ -46,22 +46,16 @@ def update_policy(
     ``batch`` needs ``old_log_probs``, ``advantages``, ``response_mask``, ``valid_mask``
     and, with ``cfg.use_kl_loss``, ``ref_log_prob``. Returns averaged ``actor/*`` metrics.
     """
-    loss_fn = algos.get_policy_loss(cfg.policy_loss)
-    loss_cfg = algos.PolicyLossConfig(
-        clip_ratio_low=cfg.clip_ratio_low,
-        clip_ratio_high=cfg.clip_ratio_high,
-        clip_ratio_c=cfg.clip_ratio_c,
-        loss_agg_mode=cfg.loss_agg_mode,
-    )
-    # GSPO averages over sequences whatever loss_agg_mode says; its micro-batches are weighted
-    # by that mode, or the sum would depend on how the mini-batch is split.
-    pg_mode = loss_cfg.gspo_loss_agg_mode if cfg.policy_loss == "gspo" else cfg.loss_agg_mode
+    loss_fn = algos.get_policy_loss(cfg.policy_loss.loss_mode)
+    # A loss may aggregate otherwise than loss_agg_mode (GSPO: gspo_loss_agg_mode); its
+    # micro-batches are weighted by its own mode, or the sum would depend on the split.
+    pg_mode = algos.pg_loss_agg_mode(cfg)
     metrics = ppo_minibatches(
         model,
         optimizer,
         batch,
         lambda micro, weights: _micro_step(
-            family, model, micro, cfg, loss_fn, loss_cfg, temperature, weights
+            family, model, micro, cfg, loss_fn, temperature, weights
         ),
         epochs=cfg.ppo_epochs,
         mini_batch_size=mini_batch_size,
@@ -76,7 +70,7 @@ def update_policy(
 
 
 def _micro_step(
-    family, model, micro, cfg, loss_fn, loss_cfg, temperature, weights
+    family, model, micro, cfg, loss_fn, temperature, weights
 ) -> dict[str, float]:
     """One micro-batch's backward; ``weights``: (policy-loss weight, weight of the other
     terms), each the micro-batch's share of the mini-batch under its aggregation."""
@@ -91,7 +85,7 @@ def _micro_step(
         advantages=advantages,
         response_mask=mask,
         valid_mask=valid,
-        config=loss_cfg,
+        config=cfg,
     )
     entropy_loss = algos.agg_loss(entropy, mask, cfg.loss_agg_mode, valid_mask=valid)
     pg_weight, weight = weights

@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from transformers import AutoTokenizer
 
+from mmrl.errors import ConfigError
 from mmrl.processors.base import PromptProcessor
 from mmrl.processors.text import TextProcessor
 from mmrl.utils.registry import Registry
@@ -27,8 +29,14 @@ D = TypeVar("D")  # a task's dataset type: PromptDataset, VisionPromptDataset, F
 
 def task_config(schema: type[C], cfg: Any) -> C:
     """The run's ``task`` group merged over the task's config dataclass ``schema``: unknown keys
-    and wrong types are errors, missing keys take the dataclass defaults."""
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
+    and wrong types are ConfigErrors that name the ``task.`` key, missing keys take the
+    dataclass defaults."""
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
+    except OmegaConfBaseException as err:
+        text = str(err).strip().splitlines()[0]
+        key = getattr(err, "full_key", None)
+        raise ConfigError(f"task.{key}: {text}" if key else f"task: {text}") from None
 
 
 @dataclass

@@ -18,10 +18,13 @@ DEBUG_ENV = "MMRL_DEBUG"
 def train(overrides: list[str], config_name: str = "train", dry_run: bool = False) -> int:
     from mmrl.trainer.preflight import preflight
 
-    cfg = load_config(overrides, config_name)
+    # Every problem at once: the field checks run with the preflight's (registries, verifiers,
+    # task keys, paths, context length, engine limits), before the SFT warm-up, pretraining,
+    # data generation or a Ray start.
+    cfg = load_config(overrides, config_name, validate=False)
     if dry_run:
         return dry_run_report(cfg)
-    preflight(cfg)  # before the SFT warm-up, pretraining, data generation or a Ray start
+    preflight(cfg)
     from mmrl.trainer.fit import fit
 
     result = fit(cfg)

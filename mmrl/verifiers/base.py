@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from mmrl.errors import VerifierError
 from mmrl.utils.registry import Registry
 
 MODES = ("batch", "process")
@@ -60,11 +61,11 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"verifier mode {self.mode!r} is not one of {MODES}")
+            raise VerifierError(f"verifier mode {self.mode!r} is not one of {MODES}")
         if self.chunk_size < 1:
-            raise ValueError(f"verifier chunk_size must be >= 1, found {self.chunk_size}")
+            raise VerifierError(f"verifier chunk_size must be >= 1, found {self.chunk_size}")
         if self.timeout_s is not None and self.timeout_s <= 0:
-            raise ValueError(f"verifier timeout_s must be > 0 or None, found {self.timeout_s}")
+            raise VerifierError(f"verifier timeout_s must be > 0 or None, found {self.timeout_s}")
 
 
 class VerifierOutputError(ValueError):

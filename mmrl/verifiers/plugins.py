@@ -38,7 +38,7 @@ def resolve(ref: str) -> VerifierFn:
     if ":" in ref:
         target, _, attr = ref.rpartition(":")
         if not target or not attr:
-            raise ValueError(
+            raise VerifierError(
                 f"verifier reference {ref!r} must look like 'module:function' or 'file.py:function'"
             )
         module = _load_path(target) if _is_path(target) else _import(target, ref)
@@ -47,7 +47,7 @@ def resolve(ref: str) -> VerifierFn:
     if ref in eps:
         fn = eps[ref].load()
         if not callable(fn):
-            raise TypeError(
+            raise VerifierError(
                 f"entry point {ref!r} ({eps[ref].value}) in group {ENTRY_POINT_GROUP!r} is not "
                 "callable"
             )
@@ -86,7 +86,7 @@ def portable_ref(ref: str, fn: Any) -> str:
     if module in _PATH_MODULES:
         return f"{_PATH_MODULES[module]}:{qualname}"
     if not module or module == "__main__" or "<locals>" in qualname:
-        raise ValueError(
+        raise VerifierError(
             f"verifier {ref!r} ({module}.{qualname}) cannot run in a worker process: define it at "
             "the top level of an importable module or a .py file, or use mode 'batch'"
         )
@@ -141,7 +141,7 @@ def _get_callable(module: Any, attr: str, ref: str) -> VerifierFn:
             )
         obj = getattr(obj, part)
     if not callable(obj):
-        raise TypeError(f"verifier {ref!r} names a {type(obj).__name__}, expected a function")
+        raise VerifierError(f"verifier {ref!r} names a {type(obj).__name__}, expected a function")
     return obj
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from mmrl.config.schema import VerifierSpec
 from mmrl.verifiers.base import RunOptions, VerifierFn, run_options
 from mmrl.verifiers.plugins import default_name, portable_ref, resolve
 
-SPEC_FIELDS = ("name", "weight", "alias", "mode", "timeout_s", "chunk_size", "kwargs")
+# The keys of one entry are the config schema's (one definition, documented there).
+SPEC_FIELDS = tuple(f.name for f in fields(VerifierSpec))
 
 
 @dataclass
