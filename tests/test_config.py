@@ -174,7 +174,11 @@ def test_nested_task_keys_need_no_plus():
 
 def test_task_name_and_keys_are_checked():
     assert_one_problem(["task.name=text_additon"], "task.name", "did you mean 'text_addition'")
-    assert_one_problem(["task.no_such_key=1"], "task.no_such_key")
+    assert_one_problem(["task.sft.stepz=1"], "task.sft.stepz", "did you mean task.sft.steps?")
+    assert_one_problem(
+        ["task=worldmodel_tokens", "task.pretrain.train.stepz=3"],
+        "did you mean task.pretrain.train.steps?",
+    )
 
 
 # --- verifiers, paths, context, engine ----------------------------------------------------

@@ -6,6 +6,9 @@ from, and what happens after RL. The fit loop is the same for every task.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,16 +30,32 @@ C = TypeVar("C")
 D = TypeVar("D")  # a task's dataset type: PromptDataset, VisionPromptDataset, FrameWindows, ...
 
 
-def task_config(schema: type[C], cfg: Any) -> C:
+def task_config(schema: type[C], cfg: Any, prefix: str = "task") -> C:
     """The run's ``task`` group merged over the task's config dataclass ``schema``: unknown keys
-    and wrong types are ConfigErrors that name the ``task.`` key, missing keys take the
-    dataclass defaults."""
+    and wrong types are ConfigErrors that name the full key (``prefix`` is where ``cfg`` sits in
+    the run config), missing keys take the dataclass defaults."""
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
     except OmegaConfBaseException as err:
         text = str(err).strip().splitlines()[0]
         key = getattr(err, "full_key", None)
-        raise ConfigError(f"task.{key}: {text}" if key else f"task: {text}") from None
+        raise ConfigError(
+            f"{prefix}.{key}: {text}{_closest_key(schema, key, prefix)}"
+            if key
+            else f"{prefix}: {text}"
+        ) from None
+
+
+def _closest_key(schema: type, key: str, prefix: str) -> str:
+    """``"; did you mean <prefix>.x?"`` for a mistyped ``key`` of ``schema``, or ``""``."""
+    cls, parts = schema, key.split(".")
+    for part in parts[:-1]:
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        cls = hints.get(part)
+    if not dataclasses.is_dataclass(cls):
+        return ""
+    close = difflib.get_close_matches(parts[-1], [f.name for f in dataclasses.fields(cls)], n=1)
+    return f"; did you mean {prefix}.{'.'.join([*parts[:-1], close[0]])}?" if close else ""
 
 
 @dataclass

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from mmrl.errors import CheckpointError, DataError
 from mmrl.verifiers.repetition import DEFAULT_TAU, repetition_rate
 from mmrl.worldmodel.envs import frame_state_match, make_env
 from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
@@ -204,10 +205,10 @@ def load_checkpoint(model_dir: str | Path, tokenizer_dir: str | Path | None = No
 
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise FileNotFoundError(f"world-model checkpoint {model_dir} does not exist")
+        raise CheckpointError(f"world-model checkpoint {model_dir} does not exist")
     tok_dir = Path(tokenizer_dir) if tokenizer_dir else model_dir / TOKENIZER_SUBDIR
     if not (tok_dir / "config.json").exists():
-        raise FileNotFoundError(
+        raise CheckpointError(
             f"no VQ tokenizer at {tok_dir}: pass --tokenizer DIR (a folder written by "
             "train_vq_tokenizer)"
         )
@@ -319,7 +320,7 @@ def open_trajectories(path: str | Path, num_actions: int | None = None):
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"data {path} does not exist")
+        raise DataError(f"data {path} does not exist")
     if (path / INDEX_FILE).exists():
         return TrajectoryDataset(path)
     if holds_videos(path) or path.suffix.lower() in VIDEO_SUFFIXES:

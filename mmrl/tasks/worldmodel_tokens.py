@@ -219,7 +219,7 @@ def pretrain_config(overrides: dict[str, Any], cache_dir: str) -> PretrainConfig
         name = "videos" if raw.data.get("videos") else raw.data.env
         raw.output_dir = f"{cache_dir}/{name}-{digest}"
     OmegaConf.resolve(raw)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PretrainConfig), raw))
+    return task_config(PretrainConfig, raw, prefix="task.pretrain")
 
 
 def cached_pretraining(cfg: PretrainConfig) -> dict[str, Any] | None:

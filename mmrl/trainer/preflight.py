@@ -80,7 +80,7 @@ def task_problems(cfg: RunConfig) -> tuple[list[str], Any]:
         leaf = key.rsplit(".", 1)[-1]
         if leaf.endswith("_files"):
             problems += [f"{key}: {p} does not exist" for p in value or [] if not Path(p).exists()]
-        elif leaf.endswith("_path") and value and not Path(value).exists():
+        elif (leaf.endswith("_path") or leaf == "videos") and value and not Path(value).exists():
             problems.append(f"{key}={value}: does not exist")
         elif leaf == "env" and isinstance(value, str) and value not in ENVS:
             problems.append(ENVS.unknown(value, key=key))
