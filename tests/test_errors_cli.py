@@ -128,7 +128,6 @@ def test_a_damaged_prompt_video_is_a_data_error_naming_the_file(tmp_path):
     data = write_mp4(tmp_path / "good.mp4", frames, fps=5).read_bytes()
     (tmp_path / "cut.mp4").write_bytes(data[: len(data) // 3])  # a truncated download
     (tmp_path / "text.mp4").write_text("not a video")
-    for name in ("cut.mp4", "text.mp4"):
-        with pytest.raises(DataError, match=rf"{name}: cannot decode the video") as err:
+    for name in ("cut.mp4", "text.mp4"):  # a DataError: the CLI prints it in one line
+        with pytest.raises(DataError, match=rf"{name}\) cannot be decoded, it is damaged"):
             read_video(str(tmp_path / name), fps=2.0, min_frames=2, max_frames=4)
-        assert "re-encode" in err.value.short()

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 
-from mmrl.config import load_config
+from mmrl.config import RunConfig, load_config
 from mmrl.errors import MMRLError
 
 DEBUG_ENV = "MMRL_DEBUG"
@@ -53,7 +53,7 @@ def train(overrides: list[str], config_name: str = "train", dry_run: bool = Fals
     return 0
 
 
-def dry_run_report(cfg) -> int:
+def dry_run_report(cfg: RunConfig) -> int:
     """Print the resolved config and every problem found; 0 when there is none."""
     from omegaconf import OmegaConf
 
