@@ -153,7 +153,7 @@ def test_vision_parquet_through_two_ray_workers(tmp_path):
     assert max(result.series("rollout/logprob_diff_max")) < 1e-3
 
 
-def test_eval_vlm_names_a_bad_column(tmp_path):
+def test_eval_vlm_names_a_bad_column(tmp_path, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -162,5 +162,8 @@ def test_eval_vlm_names_a_bad_column(tmp_path):
     model = build_tiny_qwen2_vl(tmp_path / "model")
     bad = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"question": ["<image>hi"], "answer": ["1"]}), bad)
+    argv = ["eval", "--checkpoint", str(model), "--parquet", str(bad)]
+    assert cli.main(argv) == 1  # a DataError: one line, no traceback
+    assert "missing column 'problem'" in capsys.readouterr().err
     with pytest.raises(ParquetSchemaError, match="missing column 'problem'"):
-        cli.main(["eval", "--checkpoint", str(model), "--parquet", str(bad)])
+        cli.main(["--debug", *argv])
