@@ -17,7 +17,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from mmrl.algos import AGG_MODES, KL_PENALTIES, POLICY_LOSSES
-from mmrl.config import ActorConfig
+from mmrl.config import ActorConfig, PolicyLossConfig
 from mmrl.hybrid.actor import update_policy
 from mmrl.models import get_family
 from mmrl.protocol import Batch
@@ -118,16 +118,21 @@ def vanilla(logp, old, adv, cfg: ActorConfig) -> tuple[torch.Tensor, str]:
 
 
 def cispo(logp, old, adv, cfg: ActorConfig) -> tuple[torch.Tensor, str]:
-    weight = torch.exp(logp - old).detach().clamp(max=1 + 4.0)  # PolicyLossConfig's default
+    # No CISPO bound of its own: the upper bound is the actor's clip_ratio_high, no lower bound.
+    high = cfg.policy_loss.cispo_clip_ratio_high
+    high = cfg.clip_ratio_high if high is None else high
+    weight = torch.exp(logp - old).detach().clamp(max=1 + high)
     return -weight * adv * logp, cfg.loss_agg_mode
 
 
 def gspo(logp, old, adv, cfg: ActorConfig, keep=None) -> tuple[torch.Tensor, str]:
     seq = ((logp - old) * keep).sum(-1) / keep.sum(-1).clamp(min=1)
     ratio = torch.exp(logp - logp.detach() + seq.detach()[:, None])
-    loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - 3e-4, 1 + 4e-4))
-    # GSPO aggregates per sequence whatever actor.loss_agg_mode says.
-    return loss, "seq-mean-token-mean"
+    knobs = cfg.policy_loss
+    clipped = ratio.clamp(1 - knobs.gspo_clip_ratio_low, 1 + knobs.gspo_clip_ratio_high)
+    loss = torch.maximum(-adv * ratio, -adv * clipped)
+    # GSPO aggregates by its own mode (per sequence by default), not actor.loss_agg_mode.
+    return loss, knobs.gspo_loss_agg_mode
 
 
 HAND_LOSSES = {"vanilla": vanilla, "cispo": cispo, "gspo": gspo}
@@ -147,8 +152,8 @@ def expected_grads(
     keep = batch["response_mask"].bool() & batch["valid_mask"][:, None]
     logp, entropy = response_log_probs_and_entropy(model, batch, temperature)
     adv = batch["advantages"] * (batch["rollout_is_weights"] if use_is else 1.0)
-    fn = HAND_LOSSES[cfg.policy_loss]
-    kwargs = {"keep": keep.float()} if cfg.policy_loss == "gspo" else {}
+    fn = HAND_LOSSES[cfg.policy_loss.loss_mode]
+    kwargs = {"keep": keep.float()} if cfg.policy_loss.loss_mode == "gspo" else {}
     pg, mode = fn(logp, batch["old_log_probs"], adv, cfg, **kwargs)
     loss = aggregate(pg, keep, mode) - cfg.entropy_coeff * aggregate(
         entropy, keep, cfg.loss_agg_mode
@@ -180,6 +185,10 @@ def actor_grads(
 
 
 def base_config(**kw) -> ActorConfig:
+    """The actor config with test settings; ``policy_loss="cispo"`` selects a loss with its
+    default settings."""
+    if isinstance(kw.get("policy_loss"), str):
+        kw["policy_loss"] = PolicyLossConfig(kw["policy_loss"])
     settings = dict(
         ppo_micro_batch_size=3,  # micro-batches of 3, 3, 1 rows: their weights must add up
         grad_clip=1e9,

@@ -115,7 +115,7 @@ def test_dry_run_prints_the_config_and_every_problem(capsys):
     assert "2 problem(s) found" in out.err
     assert "rollout.n=0" in out.err and "mixed_precision='fp8'" in out.err
     assert main(["train", "--dry-run"]) == 0
-    assert "config OK" in capsys.readouterr().out
+    assert "is valid: no problems found" in capsys.readouterr().out
 
 
 def test_a_damaged_prompt_video_is_a_data_error_naming_the_file(tmp_path):

@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from mmrl.algos import ADV_ESTIMATORS, KL_PENALTIES
+from mmrl.algos import ADV_ESTIMATORS, KL_PENALTIES, build_kl_controller
 from mmrl.config import load_config
 from mmrl.hybrid import build_workers
 from mmrl.protocol import Batch
 from mmrl.tasks import get_task
 from mmrl.trainer.experience import make_experience, sampling_params, score, step_seed
-from mmrl.trainer.fit import build_kl_controller
 from mmrl.verifiers import VerifierRunner
 from tests.conftest import run_overrides
 

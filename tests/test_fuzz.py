@@ -23,7 +23,7 @@ from PIL import Image
 from tensordict import TensorDict
 
 from mmrl import algos
-from mmrl.config import DataConfig
+from mmrl.config import AlgorithmConfig, DataConfig
 from mmrl.data import ParquetSchemaError, load_vision_parquet, write_vision_parquet
 from mmrl.models.vlm_inputs import VisionTokenMismatchError
 from mmrl.processors import PromptTooLongError, VisionProcessor, VisionSample, chat_prompt
@@ -198,7 +198,7 @@ def run_estimator(name, rewards, mask, valid, index, norm=True):
         response_mask=mask,
         valid_mask=valid,
         index=index,
-        config=algos.AdvantageConfig(gamma=0.9, lam=0.95, norm_adv_by_std_in_grpo=norm),
+        config=AlgorithmConfig(gamma=0.9, lam=0.95, norm_adv_by_std_in_grpo=norm),
         values=torch.zeros_like(rewards),
         reward_baselines=torch.zeros(len(rewards)),
     )

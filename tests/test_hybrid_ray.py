@@ -188,7 +188,7 @@ def worker_pairs(tmp_path_factory, tiny_model_dir, local_ray):
             tiny_model_dir,
             *common,
             "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            f"actor_rollout_ref.actor.policy_loss={loss}",
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}",
             f"actor_rollout_ref.actor.loss_agg_mode={mode}",
         )
         roles[f"{loss}/{mode}"] = (ActorRolloutRefWorker, (cfg, tiny_model_dir, True))

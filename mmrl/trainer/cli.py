@@ -23,7 +23,7 @@ def train(overrides: list[str], config_name: str = "train", dry_run: bool = Fals
     # data generation or a Ray start.
     cfg = load_config(overrides, config_name, validate=False)
     if dry_run:
-        return dry_run_report(cfg)
+        return dry_run_report(cfg, f"config {config_name!r} with {len(overrides)} override(s)")
     preflight(cfg)
     from mmrl.trainer.fit import fit
 
@@ -53,8 +53,9 @@ def train(overrides: list[str], config_name: str = "train", dry_run: bool = Fals
     return 0
 
 
-def dry_run_report(cfg: RunConfig) -> int:
-    """Print the resolved config and every problem found; 0 when there is none."""
+def dry_run_report(cfg: RunConfig, what: str = "config") -> int:
+    """Print the resolved config and every problem found, training nothing; 0 when there is
+    none."""
     from omegaconf import OmegaConf
 
     from mmrl.trainer.preflight import find_problems
@@ -62,7 +63,7 @@ def dry_run_report(cfg: RunConfig) -> int:
     print(OmegaConf.to_yaml(OmegaConf.structured(cfg)), end="")
     problems = find_problems(cfg)
     if not problems:
-        print("# config OK: no problems found")
+        print(f"# {what} is valid: no problems found")
         return 0
     print(f"# {len(problems)} problem(s) found:", file=sys.stderr)
     for problem in problems:
