@@ -7,13 +7,17 @@ import torch
 
 from mmrl.config import ActorConfig, PolicyLossConfig
 from mmrl.hybrid.actor import compute_log_probs, update_policy
+from mmrl.models import get_family
 from mmrl.protocol import Batch
 from mmrl.tasks import get_task
+from mmrl.tasks.text_addition import build_char_tokenizer
+
+TEXT_LM = get_family("text_lm")
 
 
 def tiny_policy(seed: int = 0):
     task = get_task("text_addition")({"name": "text_addition"})
-    tokenizer = task.build_tokenizer()
+    tokenizer = build_char_tokenizer()
     torch.manual_seed(seed)
     return task.build_model(tokenizer), len(tokenizer)
 
@@ -36,7 +40,7 @@ def ppo_batch(model, vocab: int, n: int = 6, prompt_len: int = 4, response_len: 
             "valid_mask": torch.arange(n) != 3,
         }
     )
-    own = compute_log_probs(model, batch, micro_batch_size=n, temperature=1.0)
+    own = compute_log_probs(TEXT_LM, model, batch, micro_batch_size=n, temperature=1.0)
     batch["old_log_probs"] = own + 0.05 * torch.randn(n, response_len, generator=g)
     batch["ref_log_prob"] = own - 0.05 * torch.randn(n, response_len, generator=g)
     return batch
@@ -46,7 +50,7 @@ def updated_weights(cfg: ActorConfig) -> list[torch.Tensor]:
     model, vocab = tiny_policy()
     batch = ppo_batch(model, vocab)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    update_policy(model, optimizer, batch, cfg, mini_batch_size=6, temperature=1.0, seed=0)
+    update_policy(TEXT_LM, model, optimizer, batch, cfg, mini_batch_size=6, temperature=1.0, seed=0)
     return [p.detach().clone() for p in model.parameters()]
 
 

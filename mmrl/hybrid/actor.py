@@ -69,9 +69,7 @@ def update_policy(
     return metrics
 
 
-def _micro_step(
-    family, model, micro, cfg, loss_fn, temperature, weights
-) -> dict[str, float]:
+def _micro_step(family, model, micro, cfg, loss_fn, temperature, weights) -> dict[str, float]:
     """One micro-batch's backward; ``weights``: (policy-loss weight, weight of the other
     terms), each the micro-batch's share of the mini-batch under its aggregation."""
     mask, valid = micro["response_mask"], micro["valid_mask"]

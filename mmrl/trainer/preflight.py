@@ -112,12 +112,15 @@ def model_problems(cfg: RunConfig, task_settings: Any) -> list[str]:
         key, path = "task.model_path", task_settings.model_path
     if not path:
         return []  # the task builds its model; its own settings were checked above
+    from mmrl.models import policy_family
+
+    try:
+        policy_family(path)  # the folder must hold one known kind of checkpoint
+    except MMRLError as err:
+        return [f"{key}={path}: {err.what}"]
     config_file = Path(path) / "config.json"
     if not config_file.is_file():
-        return [
-            f"{key}={path}: not a save_pretrained folder (no config.json); models are never "
-            "downloaded"
-        ]
+        return []  # a latent policy: no token context, no vLLM
     model = json.loads(config_file.read_text())
     text = model.get("text_config", model)  # a VLM keeps its language model's settings there
     problems = []
