@@ -207,7 +207,7 @@ def test_model_path_must_be_a_local_model_folder(tmp_path):
     assert_one_problem(
         [f"actor_rollout_ref.model.path={tmp_path / 'nope'}"],
         "actor_rollout_ref.model.path",
-        "no config.json",
+        "is not a folder",
     )
 
 

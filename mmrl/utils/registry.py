@@ -135,5 +135,19 @@ class Registry(Generic[T]):
     def __getitem__(self, name: str) -> T:
         return self.get(name)
 
+    def __delitem__(self, name: str) -> None:
+        """Remove an entry (tests that register throwaway entries clean up with it)."""
+        del self._entries[name]
+
+    def pop(self, name: str, *default: Any) -> Any:
+        """Remove ``name`` and return its object (a lazy entry's ``"module:attr"``), or
+        ``default``."""
+        entry = self._entries.pop(name, None)
+        if entry is None:
+            if default:
+                return default[0]
+            raise KeyError(name)
+        return entry.target
+
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {self.names()})"
