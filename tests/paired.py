@@ -25,20 +25,20 @@ def greedy_text_scores(model_dir: Path, cfg, dataset) -> np.ndarray:
     ``dataset``, through the task's processor, the transformers engine and the run's
     verifiers (the path validation takes)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mmrl.rollout.hf import HFRollout
+    from mmrl.models import policy_family
     from mmrl.sampling import SamplingParams
     from mmrl.tasks import get_task
     from mmrl.verifiers import VerifierRunner
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    family = policy_family(model_dir)
+    model = family.load(Path(model_dir)).eval()
+    tokenizer = family.load_tokenizer(Path(model_dir))
     processor = get_task(cfg.task["name"])(cfg.task).build_prompt_processor(model_dir, cfg)
     prompts = processor.encode_dataset(dataset, "test")
     params = SamplingParams(max_tokens=cfg.data.max_response_length, do_sample=False)
     with torch.no_grad():
-        out = HFRollout(model=model, tokenizer=tokenizer).generate(prompts, params)
+        out = family.generate(model, prompts, params, tokenizer)
     out = processor.decode(out)
     runner = VerifierRunner.from_config(cfg.reward)
     try:
