@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 tier=${1:-default}
 case "$tier" in
-    default) marks="not slow and not bench"; timeout=600 ;;
+    default) marks="not slow and not bench"; timeout=1200 ;;
     slow) marks="slow"; timeout=1800 ;;
     bench) marks="bench"; timeout=14400 ;;
     *) echo "unknown tier $tier (default|slow|bench)"; exit 2 ;;
