@@ -22,7 +22,7 @@ class PromptDataLike(Protocol):
     def __len__(self) -> int: ...
 
 
-class PromptTooLongError(ValueError):
+class PromptTooLongError(DataError):
     """A prompt does not fit ``data.max_prompt_length``."""
 
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mmrl.errors import VerifierError
 from mmrl.protocol import Batch
 
 INVALID_RATE = "reward/invalid_rate"
 
 
-class InvalidRateError(ValueError):
+class InvalidRateError(VerifierError):
     """Too many steps in a row had too many samples the verifiers could not score."""
 
 
