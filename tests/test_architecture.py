@@ -230,7 +230,7 @@ def test_lazy_registry_entries_name_what_exists():
 
 
 def test_every_registry_is_one_registry_type():
-    from mmrl import algos, rollout, tasks, verifiers
+    from mmrl import algos, models, rollout, tasks, verifiers
     from mmrl.utils.registry import Registry
     from mmrl.verifiers.closed_loop import TASK_SCORES
     from mmrl.worldmodel.envs import ENVS
@@ -245,6 +245,7 @@ def test_every_registry_is_one_registry_type():
         TASK_SCORES,
         ENVS,
         tasks.TASKS,
+        models.FAMILIES,
     ):
         assert isinstance(registry, Registry), registry
     # No module keeps a hand-written registry dict beside them.

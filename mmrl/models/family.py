@@ -25,6 +25,7 @@ from torch import nn
 from mmrl.errors import CheckpointError, ConfigError
 from mmrl.protocol import Batch
 from mmrl.sampling import SamplingParams
+from mmrl.utils.registry import Registry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -119,7 +120,7 @@ class PolicyFamily:
         )
 
 
-FAMILIES: dict[str, PolicyFamily] = {}
+FAMILIES: Registry[PolicyFamily] = Registry("policy family")
 
 
 def register_family(name: str) -> Callable[[type[PolicyFamily]], type[PolicyFamily]]:
@@ -127,17 +128,15 @@ def register_family(name: str) -> Callable[[type[PolicyFamily]], type[PolicyFami
 
     def wrap(cls: type[PolicyFamily]) -> type[PolicyFamily]:
         cls.name = name
-        FAMILIES[name] = cls()
+        FAMILIES.add(name, cls())
         return cls
 
     return wrap
 
 
 def get_family(name: str) -> PolicyFamily:
-    """The registered family ``name``."""
-    if name not in FAMILIES:
-        raise ConfigError(f"unknown policy family {name!r}; registered: {sorted(FAMILIES)}")
-    return FAMILIES[name]
+    """The registered family ``name``; ConfigError lists the known ones."""
+    return FAMILIES.get(name)
 
 
 def policy_family(path: str | Path) -> PolicyFamily:
@@ -152,9 +151,10 @@ def policy_family(path: str | Path) -> PolicyFamily:
             f"actor_rollout_ref.model.path={str(path)!r} is not a folder; models are read from "
             "local save_pretrained folders and never downloaded"
         )
-    found = [family for family in FAMILIES.values() if family.detect(path)]
+    families = [FAMILIES.get(name) for name in FAMILIES]
+    found = [family for family in families if family.detect(path)]
     if len(found) != 1:
-        kinds = "; ".join(f"{f.name}: {f.describe()}" for f in FAMILIES.values())
+        kinds = "; ".join(f"{f.name}: {f.describe()}" for f in families)
         what = "no known policy" if not found else f"{len(found)} kinds of policy"
         raise CheckpointError(
             f"{str(path)!r} holds {what} (files: {sorted(p.name for p in path.iterdir())[:8]}); "
