@@ -200,6 +200,7 @@ def worker_pairs(tmp_path_factory, tiny_model_dir, local_ray):
         vlm_dir,
         *common,
         "actor_rollout_ref.rollout.n=2",
+        "data.train_batch_size=3",
         "actor_rollout_ref.actor.ppo_mini_batch_size=3",  # 3 prompts x 2 samples
         "data.max_prompt_length=64",
     )
