@@ -477,5 +477,5 @@ def test_expected_error_in_a_worker_arrives_short_with_its_rank(tmp_path, local_
             timeout_s=60,
         )
     short = err.value.short()
-    assert short.startswith("rank 0 of 1") and "no config.json" in short
+    assert short.startswith("rank 0 of 1") and "holds no known policy" in short
     assert "Traceback" not in short and len(short.splitlines()) <= 2
