@@ -51,8 +51,10 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")  # other test files start their own Ray
 def local_ray() -> Iterator[None]:
+    # 4 logical CPUs on 2 cores: the module-scoped gradient pairs keep their 2-worker group
+    # (and its placement group) while later tests place groups of their own.
     ray.init(
-        address="local", num_cpus=2, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False
+        address="local", num_cpus=4, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False
     )
     yield
     ray.shutdown()
