@@ -12,6 +12,7 @@ from mmrl.utils.resources import descendants
 from tests.conftest import run_overrides
 
 STEPS = 30
+THREAD_JITTER = 3
 
 
 def soak(tmp_path, warm_model_dir, *extra: str, warmup: float = 0.2):
@@ -48,7 +49,10 @@ def test_text_grpo_on_two_ray_workers_with_process_verifiers_leaves_nothing_behi
         "reward.verifiers=[{name: exact_answer, weight: 1.0, mode: process}]", warmup=0.5,
     )  # fmt: skip
     assert res.processes_peak >= 4  # the Ray workers and verifier actors were counted
-    assert res.fds_end <= res.fds_start and res.threads_end <= res.threads_start, res
+    assert res.fds_end <= res.fds_start, res
+    # Ray's gRPC pools start a thread or two on demand late in a short run (seen: 310 -> 312);
+    # a leak of one thread a step adds ~10 between the windows measured.
+    assert res.threads_end - res.threads_start <= THREAD_JITTER, res
     assert not res.leftover_processes, res.leftover_processes
     # Ray's processes still warm up over the first ~15 steps, so this short run measures
     # from its second half, and against the unscaled bound: 30 steps cannot tell warm-up from
