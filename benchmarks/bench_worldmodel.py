@@ -6,10 +6,11 @@
 Each seed is one `mmrl train task=worldmodel_tokens trainer.seed=<s>` run. The
 pretrained start is the task's cached MLE pretraining (one run, shared by the seeds
 unless an override changes it, e.g. ``task.pretrain.seed=<s>`` via ``--pretrain-per-seed``).
-The held-out windows come from trajectories never used in pretraining or RL, and the
-base and the RL model are decoded the same way (greedy; and sampled at the same
-temperature). Prints a Markdown table of mean ± std over seeds and writes it, with
-the per-seed numbers, to ``<out>/bench_worldmodel.{md,json}``.
+The test windows come from trajectories that neither pretraining, its checkpoint choice,
+validation nor tuning read, and the base and the RL model are decoded the same way
+(greedy; and sampled at the same temperature). Copying the last context frame and the
+tokenizer's ceiling are scored on the same windows. Prints a Markdown table of mean ± std
+over seeds and writes it, with the per-seed numbers, to ``<out>/bench_worldmodel.{md,json}``.
 """
 
 from __future__ import annotations
@@ -49,9 +50,22 @@ def run_seed(seed: int, out: Path, overrides: list[str], pretrain_per_seed: bool
     result = fit(cfg)
     return {
         "table": result.summary["worldmodel_eval"],
+        "references": references(cfg),
         "wall_time_s": result.wall_time_s,
         "peak_memory_gib": result.peak_memory_gib,
     }
+
+
+def references(cfg) -> dict[str, dict[str, float]]:
+    """Copy-last-frame and tokenizer-ceiling rows on the run's test windows."""
+    from mmrl.tasks import get_task
+    from mmrl.tasks.worldmodel_eval import TOKENIZER_SUBDIR, reference_rows
+    from mmrl.worldmodel.tokenizer import VQTokenizer
+
+    task = get_task("worldmodel_tokens")(cfg.task)
+    windows = task.build_data(cfg.trainer.seed).test
+    tokenizer = VQTokenizer.from_pretrained(cfg.output_dir / "actor" / TOKENIZER_SUBDIR)
+    return reference_rows(windows, tokenizer, task.pretrain_cfg.data.future)
 
 
 def markdown(runs: dict[int, dict]) -> str:
@@ -60,6 +74,10 @@ def markdown(runs: dict[int, dict]) -> str:
 
     head = "| model | decoding | " + " | ".join(name for _, name, _ in METRICS) + " |"
     lines = [head, "|---|---|" + "---|" * len(METRICS)]
+    for name, row in next(iter(runs.values()))["references"].items():
+        lines.append(
+            f"| {name} | – | " + " | ".join(f"{row[k]:.{d}f}" for k, _, d in METRICS) + " |"
+        )
     for decoding in ("greedy", "sampled"):
         for model in ("base", "rl"):
             vals = [

@@ -145,6 +145,7 @@ TINY = (
     "task=worldmodel_latent",
     "task.train_trajectories=12",
     "task.val_trajectories=4",
+    "task.test_trajectories=4",
     "task.length=8",
     "task.autoencoder_train.steps=20",
     "task.pretrain.steps=30",
@@ -195,6 +196,7 @@ SHORT = (
     "task=worldmodel_latent",
     "task.train_trajectories=64",
     "task.val_trajectories=16",
+    "task.test_trajectories=16",
     "task.autoencoder_train.steps=200",
     "task.pretrain.steps=300",
     "task.val_windows=32",
@@ -207,12 +209,12 @@ SHORT = (
 
 @pytest.mark.slow
 def test_grpo_raises_heldout_reward_of_the_latent_world_model(tmp_path):
-    """The default recipe, shortened (~2 min on 2 cores): on every window of the held-out
-    trajectories, the pretrained policy and the RL actor each sample 4 predictions with the
-    same seeds; RL's -(MAE + LPIPS) must beat the base's by at least 3 standard errors of the
-    paired per-window difference, while the KL to the reference stays bounded."""
+    """The default recipe, shortened (~2 min on 2 cores): on every window of the test
+    trajectories (which neither pretraining nor validation read), the pretrained policy and
+    the RL actor each sample 4 predictions with the same seeds; RL's -(MAE + LPIPS) must beat
+    the base's by at least 3 standard errors of the paired per-window difference, while the
+    KL to the reference stays bounded."""
     from mmrl.config import load_config
-    from mmrl.processors.latent import frame_windows
     from mmrl.tasks import get_task
     from mmrl.trainer.fit import fit
     from tests.paired import paired_gain, policy_scores
@@ -221,12 +223,12 @@ def test_grpo_raises_heldout_reward_of_the_latent_world_model(tmp_path):
     result = fit(cfg)
     assert len(result.series("val/score/mean")) == 3
     task = get_task("worldmodel_latent")(cfg.task)
-    windows = frame_windows(task.data_dirs()[1], task.cfg.context, task.cfg.future)
+    windows = task.build_data(cfg.trainer.seed).test
     base, rl = (
         policy_scores(path, cfg, windows, samples=4, do_sample=True)
         for path in (tmp_path / "work" / "policy_init", tmp_path / "run" / "actor")
     )
-    gain, se = paired_gain(base, rl, "latent world model, held-out windows, sampled")
+    gain, se = paired_gain(base, rl, "latent world model, test windows, sampled")
     assert gain > 0 and gain >= 3 * se, (gain, se)
     # The KL loss sums 4*8*8 = 256 latent dimensions: bounded means under 0.1 nats per
     # dimension (runs measured 0.02-0.06; the value depends on the thread count's rounding).

@@ -10,6 +10,7 @@ verifiers compute them, so evaluation and reward agree.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -153,11 +154,13 @@ def step_slopes(metrics: dict[str, float], future: int) -> dict[str, float]:
 
 @dataclass
 class EvalResult:
-    """Mean metrics over windows (and samples), and the predictions ``uint8 [N, F, H, W, 3]``
-    of the first sample per window (for frame strips)."""
+    """Mean metrics over windows (and samples), each metric per window (mean over samples; for
+    paired comparisons of two models on the same windows), and the predictions
+    ``uint8 [N, F, H, W, 3]`` of the first sample per window (for frame strips)."""
 
     metrics: dict[str, float]
     predictions: np.ndarray
+    per_window: dict[str, np.ndarray]
 
 
 def evaluate_model(
@@ -188,9 +191,18 @@ def evaluate_model(
                 frames, windows.future, valid, windows.env, windows.context[:, -1], tau, decoded
             )
         )
+    result = summarize_runs(per_run, first)
+    result.metrics.update(step_slopes(result.metrics, processor.future))
+    return result
+
+
+def summarize_runs(per_run: list[dict[str, np.ndarray]], first: np.ndarray) -> EvalResult:
+    """Per-window scores of several decoding runs as means over everything and per window."""
     metrics = {k: _nanmean(np.concatenate([s[k] for s in per_run])) for k in per_run[0]}
-    metrics.update(step_slopes(metrics, processor.future))
-    return EvalResult(metrics, first)
+    with warnings.catch_warnings():  # a window invalid in every run stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        per_window = {k: np.nanmean(np.stack([s[k] for s in per_run]), 0) for k in per_run[0]}
+    return EvalResult(metrics, first, per_window)
 
 
 def _nanmean(values: np.ndarray) -> float:
@@ -230,6 +242,7 @@ def compare_base_and_rl(
     from tqdm.auto import tqdm
 
     table: dict[str, dict[str, dict[str, float]]] = {}
+    per_window: dict[str, dict[str, dict[str, np.ndarray]]] = {}
     predictions = {}
     jobs = [(m, d) for m in ("base", "rl") for d in ("greedy", "sampled")]
     models = {}
@@ -249,9 +262,10 @@ def compare_base_and_rl(
             getattr(settings, "repetition_tau", DEFAULT_TAU),
         )
         table.setdefault(name, {})[decoding] = res.metrics
+        per_window.setdefault(name, {})[decoding] = res.per_window
         if decoding == "greedy":
             predictions[name] = res.predictions
-    return {"table": table, "predictions": predictions}
+    return {"table": table, "per_window": per_window, "predictions": predictions}
 
 
 def format_table(rows: dict[str, dict[str, float]], title: str = "") -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from mmrl.tasks.worldmodel_eval import EvalResult, _nanmean, frame_scores
+from mmrl.tasks.worldmodel_eval import EvalResult, _nanmean, frame_scores, summarize_runs
 
 
 def load_latent_policy(model_dir: str | Path):
@@ -82,9 +82,7 @@ def evaluate_latent(
         frames = predict_latent(policy, ae, windows, greedy, temperature, seed + 7919 * r)
         first = frames if first is None else first
         per_run.append(frame_scores(frames, windows.future, ok, windows.env))
-    return EvalResult(
-        {k: _nanmean(np.concatenate([s[k] for s in per_run])) for k in per_run[0]}, first
-    )
+    return summarize_runs(per_run, first)
 
 
 def latent_reference_rows(windows: Any, ae: Any, future: int) -> dict[str, dict[str, float]]:

@@ -25,7 +25,7 @@ from mmrl.models.latent_policy import (
 from mmrl.processors.latent import FrameWindows, LatentWorldModelProcessor, frame_windows
 from mmrl.tasks.base import Task, TaskData, register_task, task_config
 from mmrl.worldmodel import frames as F
-from mmrl.worldmodel.data import generate_dataset
+from mmrl.worldmodel.data import generate_splits
 from mmrl.worldmodel.envs import make_env
 from mmrl.worldmodel.latent_ae import AEConfig, LatentAutoencoder, train_latent_ae
 from mmrl.worldmodel.latent_pretrain import latent_windows, pretrain_latent_policy
@@ -56,6 +56,7 @@ class WorldModelLatentConfig:
     seed: int = 0  # data, autoencoder and pretraining seed (the RL seed is trainer.seed)
     train_trajectories: int = 256
     val_trajectories: int = 32  # held out: other env seeds, never trained on
+    test_trajectories: int = 32  # held out again: read only by final comparisons
     length: int = 16
     context: int = 2  # K context frames per prompt
     future: int = 2  # F predicted frames per response (one policy step each)
@@ -77,22 +78,18 @@ class WorldModelLatentTask(Task[FrameWindows]):
         self.cfg: WorldModelLatentConfig = task_config(WorldModelLatentConfig, cfg)
         self.name = self.cfg.name
 
-    def data_dirs(self) -> tuple[Path, Path]:
-        """Generate (or reuse) the train and held-out trajectory datasets (env seeds ``seed``,
-        ``seed + 1``).
-        """
+    def data_dirs(self) -> tuple[Path, Path, Path]:
+        """Generate (or reuse) the train, val and test trajectory datasets (env seeds drawn
+        from ``seed``, ``seed + 1`` and ``seed + 2``)."""
         c, root = self.cfg, Path(self.cfg.work_dir) / "data"
         env = make_env(c.env, **c.env_config)
-        train = generate_dataset(
-            env, c.train_trajectories, c.length, root / "train", c.seed, progress=c.progress_bar
-        )
-        val = generate_dataset(
-            env, c.val_trajectories, c.length, root / "val", c.seed + 1, progress=c.progress_bar
-        )
-        return train, val
+        sizes = {"train": c.train_trajectories, "val": c.val_trajectories}
+        sizes["test"] = c.test_trajectories
+        dirs = generate_splits(env, sizes, c.length, root, c.seed, c.progress_bar)
+        return dirs["train"], dirs["val"], dirs["test"]
 
     def autoencoder(self) -> LatentAutoencoder:
-        train, _ = self.data_dirs()
+        train, _, _ = self.data_dirs()
         c = self.cfg
         settings = AETrainConfig(**{**asdict(c.autoencoder_train), "seed": c.seed})
         return train_latent_ae(
@@ -110,19 +107,20 @@ class WorldModelLatentTask(Task[FrameWindows]):
         )
 
     def build_data(self, seed: int) -> TaskData[FrameWindows]:
-        """Train windows (all) and ``val_windows`` held-out windows; the data seed is
-        ``task.seed``."""
-        train, val = self.data_dirs()
+        """Train windows (all), ``val_windows`` val windows and every test window; the data
+        seed is ``task.seed``."""
+        train, val, test = self.data_dirs()
         c = self.cfg
         return TaskData(
             train=frame_windows(train, c.context, c.future),
             val=frame_windows(val, c.context, c.future, max_windows=c.val_windows),
+            test=frame_windows(test, c.context, c.future),
         )
 
     def initial_model(self, cfg: RunConfig) -> tuple[Path, dict[str, float]]:
         """The pretrained policy folder (with its ``autoencoder/``), made once per settings."""
         c = self.cfg
-        train_dir, val_dir = self.data_dirs()
+        train_dir, val_dir, _ = self.data_dirs()  # the test split stays unseen
         ae = self.autoencoder()
         ae_record = json.loads((Path(c.work_dir) / "ae" / F.CACHE_FILE).read_text())
         policy_cfg = self.policy_config()
@@ -192,7 +190,7 @@ class WorldModelLatentTask(Task[FrameWindows]):
 def evaluate_latent_policy(
     cfg: RunConfig, model_path: str | Path, greedy: bool, seed: int = 0
 ) -> dict[str, float]:
-    """Held-out metrics of a latent policy folder with the run's verifiers (``cfg.reward``).
+    """Test-split metrics of a latent policy folder with the run's verifiers (``cfg.reward``).
 
     ``greedy`` predicts each frame's mean; otherwise frames are sampled at
     ``rollout.val_kwargs.temperature`` with ``seed``. The same prompts, decoding and
@@ -210,7 +208,7 @@ def evaluate_latent_policy(
 
     task = WorldModelLatentTask(cfg.task)
     processor = task.build_prompt_processor(Path(model_path), cfg)
-    prompts = processor.encode_dataset(task.build_data(seed).val, "val")
+    prompts = processor.encode_dataset(task.build_data(seed).test, "test")
     family = get_family("latent")
     engine = ModuleRollout(family.load(Path(model_path)), family)
     sampling = SamplingParams(

@@ -35,7 +35,7 @@ _NOT_IN_KEY = ("output_dir", "progress_bar")
 
 @dataclass
 class HeldOutEval:
-    windows: int = 64  # held-out windows (fixed draw from the val trajectories)
+    windows: int = 64  # test windows of the final comparison (fixed draw from the test split)
     samples: int = 4  # sampled predictions per window (greedy uses one)
     temperature: float = 1.0
     # A predicted frame that moves less than this (mean |pixel change| in [0, 1]) while the
@@ -106,9 +106,7 @@ class WorldModelTokensTask(Task):
         k, f = self.pretrain_cfg.data.context, self.pretrain_cfg.data.future
         train = load_windows(TrajectoryDataset(train_dir), k, f, self.cfg.train_windows, seed)
         val = load_windows(TrajectoryDataset(val_dir), k, f, self.cfg.val_windows, seed=0)
-        test = None
-        if test_dir is not None:
-            test = load_windows(TrajectoryDataset(test_dir), k, f, self.cfg.eval.windows, seed=0)
+        test = load_windows(TrajectoryDataset(test_dir), k, f, self.cfg.eval.windows, seed=0)
         return TaskData(train=train, val=val, test=test)
 
     @staticmethod
@@ -162,8 +160,9 @@ class WorldModelTokensTask(Task):
 
         complete_checkpoint(Path(base_dir), Path(actor_dir))
         data = self.build_data(cfg.trainer.seed)
-        # Final claims come from the test split when there is one (videos), never seen before.
-        held_out = data.test if data.test is not None else self._held_out(data.val)
+        # Final claims come from the test split: pretraining's checkpoint choice, validation
+        # and tuning read only the val split.
+        held_out = data.test
         result = compare_base_and_rl(
             Path(base_dir),
             Path(actor_dir),
@@ -173,6 +172,13 @@ class WorldModelTokensTask(Task):
             progress=cfg.trainer.progress_bar,
         )
         (cfg.output_dir / "worldmodel_eval.json").write_text(json.dumps(result["table"], indent=1))
+        # Each window's scores, so two runs (or base and RL) compare paired, window by window.
+        per_window = {
+            model: {dec: {k: [None if v != v else float(v) for v in arr] for k, arr in m.items()}
+                    for dec, m in by_decoding.items()}
+            for model, by_decoding in result["per_window"].items()
+        }  # fmt: skip
+        (cfg.output_dir / "worldmodel_eval_windows.json").write_text(json.dumps(per_window))
         if self.cfg.report:
             from mmrl.tasks.worldmodel_report import write_report
 
@@ -183,17 +189,6 @@ class WorldModelTokensTask(Task):
             "worldmodel_eval": result["table"],
             **({"report": result["report"]} if "report" in result else {}),
         }
-
-    def _held_out(self, val):
-        from mmrl.processors.worldmodel import load_windows
-        from mmrl.worldmodel.data import TrajectoryDataset
-        from mmrl.worldmodel.pretrain import prepare_data
-
-        if self.cfg.eval.windows == len(val):
-            return val
-        _, val_dir, _ = prepare_data(self.pretrain_cfg)
-        k, f = self.pretrain_cfg.data.context, self.pretrain_cfg.data.future
-        return load_windows(TrajectoryDataset(val_dir), k, f, self.cfg.eval.windows, seed=0)
 
 
 def pretrain_config(overrides: dict[str, Any], cache_dir: str) -> PretrainConfig:

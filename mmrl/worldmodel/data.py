@@ -119,6 +119,29 @@ def generate_dataset(
     return out
 
 
+def generate_splits(
+    env: Env | str,
+    sizes: dict[str, int],
+    length: int,
+    root: str | Path,
+    seed: int,
+    progress: bool = True,
+) -> dict[str, Path]:
+    """One generated dataset per split under ``root/<split>`` (split ``i`` draws its env seeds
+    from ``seed + i``); raises if two splits share a trajectory's env seed."""
+    dirs = {
+        name: generate_dataset(env, n, length, Path(root) / name, seed + i, progress=progress)
+        for i, (name, n) in enumerate(sizes.items())
+    }
+    seeds = {name: set(TrajectoryDataset(path).index["seeds"]) for name, path in dirs.items()}
+    names = list(seeds)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if shared := sorted(seeds[a] & seeds[b])[:5]:
+                raise ValueError(f"the {a} and {b} trajectories share env seeds: {shared}")
+    return dirs
+
+
 def write_trajectories(
     out: Path, index: dict[str, Any], chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]
 ) -> Path:

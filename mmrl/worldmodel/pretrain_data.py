@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from mmrl.worldmodel.data import TrajectoryDataset, generate_dataset
+from mmrl.worldmodel.data import TrajectoryDataset, generate_splits
 from mmrl.worldmodel.envs import make_env
 from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
 from mmrl.worldmodel.tokenizer import VQTokenizer
@@ -33,6 +33,7 @@ class DataSection:
     dir: str = "outputs/worldmodel/grid/data"
     train_trajectories: int = 256
     val_trajectories: int = 32
+    test_trajectories: int = 32  # read only by the final base-vs-RL comparison
     length: int = 16
     context: int = 2
     future: int = 1
@@ -61,11 +62,11 @@ class DataSection:
         )
 
 
-def prepare_data(cfg: PretrainConfig) -> tuple[Path, Path, Path | None]:
+def prepare_data(cfg: PretrainConfig) -> tuple[Path, Path, Path]:
     """The train, held-out (val) and test trajectory datasets under ``data.dir``.
 
     From ``data.videos``: the videos imported and split by episode (test always present).
-    From ``data.env``: generated unless they exist (seeds ``seed`` and ``seed+1``; no test).
+    From ``data.env``: generated unless they exist (seeds ``seed``, ``seed+1``, ``seed+2``).
     Checks come first, so bad input writes nothing.
     """
     d, root = cfg.data, Path(cfg.data.dir)
@@ -76,20 +77,9 @@ def prepare_data(cfg: PretrainConfig) -> tuple[Path, Path, Path | None]:
         splits = import_videos(d.video_split(cfg.seed), d.video_options(), root, cfg.progress_bar)
         return splits["train"], splits["val"], splits["test"]
     env = make_env(d.env, **d.env_config)
-    train = generate_dataset(
-        env, d.train_trajectories, d.length, root / "train", cfg.seed, progress=cfg.progress_bar
-    )
-    val = generate_dataset(
-        env, d.val_trajectories, d.length, root / "val", cfg.seed + 1, progress=cfg.progress_bar
-    )
-    overlap = set(TrajectoryDataset(train).index["seeds"]) & set(
-        TrajectoryDataset(val).index["seeds"]
-    )
-    if overlap:
-        raise ValueError(
-            f"held-out trajectories share env seeds with training: {sorted(overlap)[:5]}"
-        )
-    return train, val, None
+    sizes = {"train": d.train_trajectories, "val": d.val_trajectories, "test": d.test_trajectories}
+    dirs = generate_splits(env, sizes, d.length, root, cfg.seed, cfg.progress_bar)
+    return dirs["train"], dirs["val"], dirs["test"]
 
 
 def encode_sequences(
