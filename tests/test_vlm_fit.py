@@ -57,18 +57,28 @@ def test_grpo_beats_its_warm_start_on_visual_comparison_test_images(tmp_path):
 
 @pytest.mark.slow
 def test_visual_counting_sft_then_grpo(tmp_path):
-    """SFT warm-up then GRPO, end to end: the warm-up counts above chance (1 in 5), held-out
-    accuracy is measured with greedy decoding before and after RL, rollout and training agree.
+    """SFT warm-up then GRPO, end to end: on 512 test images (drawn apart from training and
+    validation) the warm-up's greedy answers count above chance (1 in 5) by at least 3
+    binomial standard errors at chance; held-out accuracy is measured before and after RL;
+    rollout and training agree.
 
-    GRPO does not reliably raise held-out accuracy at this budget (docs/benchmarks.md),
-    so this test does not assert a rise.
+    GRPO does not reliably raise counting accuracy at this budget (docs/benchmarks.md), so
+    this test does not assert a rise; the visual comparison test above asserts RL's gain.
     """
-    result = fit(load_config(run_overrides(tmp_path, *SHORT_COUNTING)))
-    acc = result.series("val/math_answer/mean")
-    assert len(acc) == 2
+    cfg = load_config(run_overrides(tmp_path, *SHORT_COUNTING, "task.test_size=512"))
+    result = fit(cfg)
+    assert len(result.series("val/math_answer/mean")) == 2
     assert result.history[0]["sft/steps"] == 600
-    assert acc[0] > 0.22, f"the SFT warm-up does not count above chance: {acc}"
     assert max(result.series("rollout/logprob_diff_max")) < 1e-3
+    test = get_task("visual_counting")(cfg.task).build_data(cfg.trainer.seed).test
+    # The score is math_answer (1 when the count is right) + 0.1 x format.
+    scores = policy_scores(tmp_path / "init_model", cfg, test, samples=1, do_sample=False)
+    chance, n = 0.2, len(scores)
+    se = float(np.sqrt(chance * (1 - chance) / n))
+    accuracy = float(np.mean(scores >= 1.0))
+    print(f"visual counting, SFT warm-up on {n} test images: accuracy {accuracy:.3f}, "
+          f"chance {chance}, {(accuracy - chance) / se:.1f} SE above it")  # fmt: skip
+    assert accuracy - chance >= 3 * se, (accuracy, se)
 
 
 def parquet_run(tmp_path, *extra: str):
