@@ -18,6 +18,7 @@ from mmrl.config.schema import (
     ValKwargs,
     VerifierSpec,
 )
+from mmrl.config.validate import old_log_prob_source
 
 __all__ = [
     "ActorConfig",
@@ -38,4 +39,5 @@ __all__ = [
     "compose",
     "config_dir",
     "load_config",
+    "old_log_prob_source",
 ]

@@ -16,6 +16,7 @@ from typing import Any
 from mmrl.config.fields import AGG_MODES, each_one_of, one_of, ranged, registry_name
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+OLD_LOG_PROB_SOURCES = ("auto", "recompute", "update", "rollout")
 
 
 @dataclass
@@ -71,6 +72,10 @@ class ModelConfig:
     its own model. Models are never downloaded."""
     dtype: str = one_of("float32", DTYPE_NAMES)
     """Parameter dtype the actor loads in."""
+    trim_padding: bool = True
+    """Run each micro-batch of log-probs and updates at its own longest prompt and response,
+    not at max_prompt_length + max_response_length (exact: the dropped columns are padding in
+    every row; docs/scaling.md)."""
 
 
 @dataclass
@@ -107,6 +112,18 @@ class ActorConfig:
     """Samples per forward/backward; gradients accumulate over a mini-batch."""
     ppo_epochs: int = ranged(1, ge=1)
     """Passes over each step's samples."""
+    use_dynamic_bsz: bool = False
+    """Build micro-batches by a token budget instead of ppo_micro_batch_size rows: rows sorted
+    by length, each micro-batch as many as fit ppo_max_token_len_per_gpu padded tokens (with
+    model.trim_padding, a micro-batch costs about its real tokens; docs/scaling.md)."""
+    ppo_max_token_len_per_gpu: int = ranged(4096, ge=1)
+    """use_dynamic_bsz: padded tokens (rows x (longest prompt + longest response)) per
+    micro-batch of the update and of the log-prob passes, per worker."""
+    old_log_prob: str = one_of("auto", OLD_LOG_PROB_SOURCES)
+    """Where old_log_probs come from: recompute (a forward pass before the update), update (the
+    update's own forward pass, detached; exact only on-policy: ppo_epochs=1, one mini-batch,
+    no algorithm.use_kl_in_reward or rollout_is), rollout (the engine's own log-probs; check
+    rollout/logprob_diff_max first), or auto (update where exact, else recompute)."""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     """The policy loss and its own settings."""
     clip_ratio_low: float = ranged(0.2, ge=0, lt=1)

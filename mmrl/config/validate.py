@@ -78,6 +78,45 @@ def batch_problems(cfg: RunConfig) -> list[str]:
     return problems
 
 
+def on_policy_blockers(cfg: RunConfig) -> list[str]:
+    """What makes the update's own forward pass differ from recomputed old log-probs: more than
+    one optimizer step per batch, or a stage that reads old_log_probs before the update."""
+    data, actor, algo = cfg.data, cfg.actor_rollout_ref.actor, cfg.algorithm
+    blockers = []
+    if actor.ppo_epochs > 1:
+        blockers.append(f"actor_rollout_ref.actor.ppo_epochs={actor.ppo_epochs}")
+    if actor.ppo_mini_batch_size < data.train_batch_size:
+        blockers.append(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} < "
+            f"data.train_batch_size={data.train_batch_size}"
+        )
+    if algo.use_kl_in_reward:
+        blockers.append("algorithm.use_kl_in_reward=true")
+    if algo.rollout_is:
+        blockers.append(f"algorithm.rollout_is={algo.rollout_is}")
+    return blockers
+
+
+def old_log_prob_source(cfg: RunConfig) -> str:
+    """``actor.old_log_prob`` resolved: recompute, update or rollout."""
+    source = cfg.actor_rollout_ref.actor.old_log_prob
+    if source == "auto":
+        return "recompute" if on_policy_blockers(cfg) else "update"
+    return source
+
+
+def old_log_prob_problems(cfg: RunConfig) -> list[str]:
+    """``actor.old_log_prob=update`` where the update is not on-policy."""
+    blockers = on_policy_blockers(cfg)
+    if cfg.actor_rollout_ref.actor.old_log_prob != "update" or not blockers:
+        return []
+    return [
+        "actor_rollout_ref.actor.old_log_prob=update takes old log-probs from the update's own "
+        f"forward pass, which is exact only on-policy, but {', '.join(blockers)}; use auto or "
+        "recompute"
+    ]
+
+
 def order_problems(cfg: RunConfig) -> list[str]:
     """Pairs of bounds given the wrong way round."""
     data, problems = cfg.data, []
@@ -95,4 +134,6 @@ def order_problems(cfg: RunConfig) -> list[str]:
 
 def field_problems(cfg: RunConfig) -> list[str]:
     """Every problem of ``cfg`` that the config alone shows."""
-    return value_problems(cfg) + batch_problems(cfg) + order_problems(cfg)
+    return (
+        value_problems(cfg) + batch_problems(cfg) + order_problems(cfg) + old_log_prob_problems(cfg)
+    )

@@ -126,6 +126,8 @@ def merge_meta(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def average_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """Mean over ranks of each metric; a metric missing on some ranks averages the others."""
+    """Mean over ranks of each metric (the maximum of a ``*_max`` one); a metric missing on
+    some ranks averages the others."""
     keys = dict.fromkeys(k for metrics in per_rank for k in metrics)
-    return {k: float(np.mean([m[k] for m in per_rank if k in m])) for k in keys}
+    merge = {k: np.max if k.endswith("_max") else np.mean for k in keys}
+    return {k: float(merge[k]([m[k] for m in per_rank if k in m])) for k in keys}

@@ -120,6 +120,8 @@ class ActorRolloutRefWorker:
             batch.to(self.device),
             rollout.log_prob_micro_batch_size,
             rollout.temperature,
+            trim=self.cfg.actor_rollout_ref.model.trim_padding,
+            max_tokens=self._log_prob_max_tokens(),
         ).cpu()
 
     @register(Dispatch.DP_COMPUTE)
@@ -134,7 +136,14 @@ class ActorRolloutRefWorker:
             batch.to(self.device),
             arr.ref.log_prob_micro_batch_size,
             arr.rollout.temperature,
+            trim=arr.model.trim_padding,
+            max_tokens=self._log_prob_max_tokens(),
         ).cpu()
+
+    def _log_prob_max_tokens(self) -> int | None:
+        """The token budget of log-prob micro-batches (actor.use_dynamic_bsz), else None."""
+        actor = self.cfg.actor_rollout_ref.actor
+        return actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None
 
     @register(Dispatch.DP_UPDATE)
     def update_actor(self, batch: Batch, seed: int) -> dict[str, float]:
@@ -151,6 +160,7 @@ class ActorRolloutRefWorker:
             mini_batch_size=self.mini_batch_size,
             temperature=arr.rollout.temperature,
             seed=seed,
+            trim=arr.model.trim_padding,
         )
         self.lr_schedule.step()  # once per RL step, as verl's warm-up counts
         start = time.perf_counter()

@@ -89,11 +89,23 @@ class PolicyFamily:
         raise NotImplementedError
 
     def response_log_probs(
-        self, model: nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+        self,
+        model: nn.Module,
+        batch: Batch,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs [b, T] of the batch's response steps (and entropies [b, T]) under
-        ``model``, for the distribution the rollout sampled from at ``temperature``."""
+        ``model``, for the distribution the rollout sampled from at ``temperature``.
+        ``entropy_grad=False``: the entropies may be detached (nothing differentiates them)."""
         raise NotImplementedError
+
+    def trim_padding(self, batch: Batch) -> Batch:
+        """``batch`` without the padding steps no row uses (:mod:`mmrl.models.padding`), whose
+        :meth:`response_log_probs` equal the first steps of the full batch's. A family whose
+        batches have no padding returns it as it is."""
+        return batch
 
     def generate(
         self, model: nn.Module, prompts: Batch, sampling: SamplingParams, tokenizer: Any | None

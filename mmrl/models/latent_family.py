@@ -54,8 +54,14 @@ class LatentFamily(PolicyFamily):
         model.save_pretrained(path, state_dict=state_dict)
 
     def response_log_probs(
-        self, model: nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+        self,
+        model: nn.Module,
+        batch: Batch,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # A Gaussian's entropy is closed-form and cheap: it is always differentiable.
         return model.response_log_probs(batch, temperature, with_entropy)
 
     @torch.no_grad()

@@ -19,6 +19,7 @@ from transformers import (
 
 from mmrl import algos
 from mmrl.models.family import PolicyFamily, VLLMServing, register_family, torch_dtype
+from mmrl.models.padding import trim_padding
 from mmrl.models.responses import finish_rollout, generated_responses
 from mmrl.protocol import Batch
 from mmrl.sampling import SUPPORT_KEY, SamplingParams, restrict_logits, sampling_support
@@ -60,18 +61,26 @@ class TextLMFamily(PolicyFamily):
         self.load_tokenizer(source).save_pretrained(path)
 
     def response_log_probs(
-        self, model: nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+        self,
+        model: nn.Module,
+        batch: Batch,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         responses = batch["responses"]
-        logits = model(**{k: batch[k] for k in MODEL_INPUTS}, use_cache=False).logits
         # The logit at position i predicts token i + 1: the last T+1..1 positions score the
-        # response.
-        logits = logits[:, -responses.shape[1] - 1 : -1].float() / temperature
-        # Under the same token restrictions the rollout sampled with (allowed ids, min length).
-        logits = restrict_logits(logits, batch.meta.get(SUPPORT_KEY))
-        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1))
-        entropy = algos.entropy_from_logits(logits) if with_entropy else None
-        return log_probs.squeeze(-1), entropy
+        # response, so the head runs on those alone (no prompt-position logits [b, P, V]).
+        logits = model(
+            **{k: batch[k] for k in MODEL_INPUTS},
+            use_cache=False,
+            logits_to_keep=responses.shape[1] + 1,
+        ).logits
+        logits = logits[:, :-1].float() / temperature
+        return response_scores(logits, batch, with_entropy, entropy_grad)
+
+    def trim_padding(self, batch: Batch) -> Batch:
+        return trim_padding(batch)
 
     @torch.no_grad()
     def generate(
@@ -129,6 +138,21 @@ class TextLMFamily(PolicyFamily):
 
     def vllm_serving(self, path: Path, tokenizer: Any) -> VLLMServing:
         return VLLMServing()
+
+
+def response_scores(
+    logits: torch.Tensor, batch: Batch, with_entropy: bool, entropy_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [b, T] of ``batch["responses"]`` under ``logits`` [b, T, V] (already divided by
+    the temperature), and their entropies [b, T] when asked (detached unless
+    ``entropy_grad``: without an entropy bonus nothing differentiates them)."""
+    # Under the same token restrictions the rollout sampled with (allowed ids, min length).
+    logits = restrict_logits(logits, batch.meta.get(SUPPORT_KEY))
+    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, batch["responses"].unsqueeze(-1))
+    entropy = None
+    if with_entropy:
+        entropy = algos.entropy_from_logits(logits if entropy_grad else logits.detach())
+    return log_probs.squeeze(-1), entropy
 
 
 def allowed_tokens(sampling: SamplingParams, stop_ids: set[int]) -> LogitsProcessorList:

@@ -15,10 +15,9 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
-from mmrl import algos
 from mmrl.models.family import PolicyFamily, VLLMServing, register_family
 from mmrl.models.responses import finish_rollout, generated_responses
-from mmrl.models.text_lm import TextLMFamily, has_vision_tower
+from mmrl.models.text_lm import TextLMFamily, has_vision_tower, response_scores
 from mmrl.models.vlm_inputs import (
     MODEL_VISUAL_KEYS,
     check_vision_tokens,
@@ -26,7 +25,7 @@ from mmrl.models.vlm_inputs import (
     mm_token_type_ids,
 )
 from mmrl.protocol import Batch
-from mmrl.sampling import SUPPORT_KEY, SamplingParams, restrict_logits
+from mmrl.sampling import SamplingParams
 
 # Config fields naming the vision tokens: the two placeholders first, then start and end.
 VISION_TOKENS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
@@ -91,8 +90,9 @@ def visual_model_inputs(model: nn.Module, batch: Batch) -> dict[str, torch.Tenso
     return {k: collated[k].to(device) for k in MODEL_VISUAL_KEYS if k in collated}
 
 
-def vlm_forward_logits(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """Logits [b, L, V] of a Qwen-VL style model on ``batch`` (any row slice of a VLM Batch).
+def vlm_forward_logits(model: nn.Module, batch: Batch, logits_to_keep: int = 0) -> torch.Tensor:
+    """Logits [b, L, V] of a Qwen-VL style model on ``batch`` (any row slice of a VLM Batch);
+    with ``logits_to_keep`` > 0, of the last that many positions only.
 
     ``position_ids`` [b, 3, L] are passed as the model's [3, b, L], so the model never
     recomputes them from padded inputs.
@@ -105,27 +105,28 @@ def vlm_forward_logits(model: nn.Module, batch: Batch) -> torch.Tensor:
         attention_mask=batch["attention_mask"],
         position_ids=position_ids.transpose(0, 1),
         use_cache=False,
+        logits_to_keep=logits_to_keep,
         **visual_model_inputs(model, batch),
     ).logits
 
 
 def vlm_response_log_probs(
-    model: nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+    model: nn.Module,
+    batch: Batch,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [b, T] of ``batch["responses"]`` (and entropy [b, T]), logits divided by
     ``temperature``.
     """
-    responses = batch["responses"]
-    logits = vlm_forward_logits(model, batch)
     # The logit at position i predicts token i + 1: the last T+1..1 positions score the response.
-    logits = logits[:, -responses.shape[1] - 1 : -1].float() / temperature
+    logits = vlm_forward_logits(model, batch, logits_to_keep=batch["responses"].shape[1] + 1)
+    logits = logits[:, :-1].float() / temperature
     # As in the rollout; the finite minimum keeps the entropy's p * z term at 0, not NaN.
     logits[..., suppressed_token_ids(model)] = torch.finfo(logits.dtype).min
     # And under what else the engine sampled with (padded vocabulary rows, allowed ids, min length).
-    logits = restrict_logits(logits, batch.meta.get(SUPPORT_KEY))
-    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-    entropy = algos.entropy_from_logits(logits) if with_entropy else None
-    return log_probs, entropy
+    return response_scores(logits, batch, with_entropy, entropy_grad)
 
 
 def _init_fsdp_root(model: nn.Module) -> None:
@@ -218,11 +219,16 @@ class VLMFamily(TextLMFamily):
         AutoProcessor.from_pretrained(source, local_files_only=True).save_pretrained(path)
 
     def response_log_probs(
-        self, model: nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+        self,
+        model: nn.Module,
+        batch: Batch,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if "multi_modal_inputs" not in batch:
-            return super().response_log_probs(model, batch, temperature, with_entropy)
-        return vlm_response_log_probs(model, batch, temperature, with_entropy)
+            return super().response_log_probs(model, batch, temperature, with_entropy, entropy_grad)
+        return vlm_response_log_probs(model, batch, temperature, with_entropy, entropy_grad)
 
     def generate(
         self, model: nn.Module, prompts: Batch, sampling: SamplingParams, tokenizer: Any

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from mmrl import algos
-from mmrl.config import RunConfig
+from mmrl.config import RunConfig, old_log_prob_source
 from mmrl.errors import ConfigError
 from mmrl.hybrid import WorkerGroup
 from mmrl.processors.base import PromptProcessor
@@ -115,8 +115,13 @@ def make_experience(
             )
             greedy, _ = score(greedy, processor, cfg, runner)
             baselines = greedy["token_level_scores"].sum(-1).repeat_interleave(n)
-    with timer("old_log_prob", metrics):
-        batch["old_log_probs"] = worker.compute_log_prob(batch)
+    source = old_log_prob_source(cfg)
+    if source == "recompute":
+        with timer("old_log_prob", metrics):
+            batch["old_log_probs"] = worker.compute_log_prob(batch)
+    elif source == "rollout":
+        batch["old_log_probs"] = batch["rollout_log_probs"]
+    # else (on-policy) the update's own forward pass gives them, and logs the rollout gap
     if algo.rollout_is:
         batch["rollout_is_weights"], is_metrics = algos.rollout_is_weights(
             batch["old_log_probs"],

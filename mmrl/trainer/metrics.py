@@ -45,8 +45,11 @@ def compute_data_metrics(
     if "values" in batch:
         metrics.update(_stats("critic/values", batch["values"][token_mask]))
     # Rollout and training should agree on the sampled tokens' log-probs; a gap is
-    # the classic silent bug of hybrid engines, so it is always reported.
-    diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
+    # the classic silent bug of hybrid engines, so it is always reported (by the actor's
+    # update when old log-probs come from its own forward pass).
+    diff = torch.zeros(0)
+    if "old_log_probs" in batch:
+        diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
     if diff.numel():
         metrics["rollout/logprob_diff_max"] = float(diff.max())
         metrics["rollout/logprob_diff_mean"] = float(diff.mean())
