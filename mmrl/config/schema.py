@@ -304,10 +304,16 @@ class TrainerConfig:
     """Also validate with greedy decoding (metrics val/greedy/*)."""
     output_dir: str = "outputs/run"
     """Where the run writes (metrics, checkpoints, init_model)."""
+    project_name: str = "mmrl"
+    """The project the run belongs to (wandb groups runs by it)."""
     experiment_name: str = "run"
     """The run's name."""
-    loggers: list[str] = each_one_of(["console", "jsonl"], ("console", "jsonl"))
-    """console and/or jsonl (<output_dir>/metrics.jsonl)."""
+    loggers: list[str] = each_one_of(
+        ["console", "jsonl"], ("console", "jsonl", "tensorboard", "wandb")
+    )
+    """Where metrics go: console, jsonl (<output_dir>/metrics.jsonl), tensorboard
+    (<output_dir>/tensorboard) and wandb (files under <output_dir>/wandb; needs the wandb
+    extra). verl calls this trainer.logger (docs/metrics.md)."""
     progress_bar: bool = True
     """Show a progress bar."""
     n_workers_per_node: int = ranged(1, ge=1)

@@ -5,6 +5,7 @@ generate -> score -> old/ref log-probs -> KL -> advantages -> update -> metrics
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -201,7 +202,13 @@ def fit(cfg: RunConfig) -> RunResult:
     loader = PromptLoader(
         train_prompts, cfg.data.train_batch_size, cfg.data.shuffle, cfg.trainer.seed
     )
-    tracker = Tracker(cfg.output_dir, cfg.trainer.loggers)
+    tracker = Tracker(
+        cfg.output_dir,
+        cfg.trainer.loggers,
+        cfg.trainer.project_name,
+        cfg.trainer.experiment_name,
+        dataclasses.asdict(cfg),
+    )
     monitor = InvalidRateMonitor(cfg.trainer.max_invalid_rate, cfg.trainer.invalid_rate_patience)
     init_metrics["data/filtered_prompts"] = train_prompts.meta["num_filtered_prompts"]
 
@@ -211,7 +218,8 @@ def fit(cfg: RunConfig) -> RunResult:
     )
     worker, critic = workers.actor, workers.critic
     runner = VerifierRunner.from_config(cfg.reward)
-    with workers, closing(runner):  # stops worker processes however the run ends
+    # Stops worker processes and closes the loggers' files however the run ends.
+    with workers, closing(runner), closing(tracker):
         if cfg.trainer.val_before_train:
             tracker.log(
                 {**init_metrics, **validate_all(cfg, val_prompts, worker, processor, runner)},

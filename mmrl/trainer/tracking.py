@@ -1,57 +1,72 @@
-"""Metrics sinks: a console line per step and a JSONL file per run."""
+"""The run's tracker: keeps the history and hands each step to the ``trainer.loggers`` sinks.
+
+Images (uint8 [H, W, 3], e.g. a world model's frame strips at validation) are also saved as
+PNG files under ``<output_dir>/images/<name>/step_<N>.png``, whatever the loggers, so the run
+folder holds everything a report needs.
+"""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
+import numpy as np
+from PIL import Image
 
-from mmrl.errors import ConfigError
+from mmrl.trainer.loggers import CONSOLE_KEYS, LOGGER_NAMES, MetricSink, build_sinks
 
-CONSOLE_KEYS = (
-    "critic/score/mean",
-    "reward/invalid_rate",
-    "val/score/mean",
-    "actor/pg_loss",
-    "actor/kl_loss",
-    "actor/entropy",
-    "response_length/mean",
-    "timing_s/step",
-)
+__all__ = ["CONSOLE_KEYS", "LOGGER_NAMES", "Tracker"]
 
 
 class Tracker:
-    """Writes every metric to ``<output_dir>/metrics.jsonl`` and a summary to the console."""
+    """Writes every metric to the sinks of ``loggers`` and keeps them in :attr:`history`.
 
-    def __init__(self, output_dir: Path, loggers: list[str]) -> None:
-        unknown = set(loggers) - {"console", "jsonl"}
-        if unknown:
-            raise ConfigError(
-                f"trainer.loggers has unknown entries {sorted(unknown)}; known: console, jsonl"
-            )
-        self.console = "console" in loggers
-        self.path = output_dir / "metrics.jsonl" if "jsonl" in loggers else None
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text("")
+    Args:
+        output_dir: the run's folder; sinks write under it.
+        loggers: names from :data:`LOGGER_NAMES` (``trainer.loggers``).
+        project, name: the run's project and name (wandb shows them).
+        config: the run's config as plain data (wandb stores it with the run).
+    """
+
+    def __init__(
+        self,
+        output_dir: Path,
+        loggers: list[str],
+        project: str = "mmrl",
+        name: str = "run",
+        config: dict | None = None,
+    ) -> None:
+        self.output_dir = Path(output_dir)
+        self.sinks: list[MetricSink] = build_sinks(
+            list(loggers), self.output_dir, project, name, config or {}
+        )
         self.history: list[dict[str, Any]] = []
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
-        self.history.append(record)
-        if self.path is not None:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-        if self.console:
-            # A key is missing (or None, not finite) when a step has no value for it, e.g. no
-            # valid sample: the line shows what there is.
-            shown = " ".join(
-                f"{k}={record[k]:.4g}" for k in CONSOLE_KEYS if record.get(k) is not None
-            )
-            tqdm.write(f"step {step}: {shown}")
+        values = {k: _plain(v) for k, v in sorted(metrics.items())}
+        self.history.append({"step": step, **values})
+        for sink in self.sinks:
+            sink.log(values, step)
+
+    def log_images(self, images: dict[str, np.ndarray], step: int) -> None:
+        """Save each uint8 [H, W, 3] image as a PNG in the run folder and send it to the sinks."""
+        for key, image in images.items():
+            folder = self.output_dir / "images" / key.replace("/", "_")
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image).save(folder / f"step_{step:06d}.png")
+        for sink in self.sinks:
+            sink.log_images(images, step)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _plain(value: Any) -> float | int | str | None:
