@@ -8,6 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mmrl.hybrid.actor import compute_log_probs
 from mmrl.models import get_family, policy_family
@@ -164,11 +166,24 @@ def test_train_worldmodel_latent_runs_steps(tmp_path_factory):
     work, out = tmp_path_factory.mktemp("wm_latent"), tmp_path_factory.mktemp("run")
     cfg = load_config(
         run_overrides(
-            out, *TINY, f"task.work_dir={work}", "trainer.total_steps=2", "trainer.test_freq=2"
+            out,
+            *TINY,
+            f"task.work_dir={work}",
+            "trainer.total_steps=2",
+            "trainer.test_freq=2",
+            "trainer.loggers=[jsonl,tensorboard]",
         )
     )
     result = fit(cfg)
     row = result.history[-1]
+    # Each validation's frame strip (context | truth | prediction) reaches TensorBoard and
+    # the run folder.
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"images": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Images("val/frames")] == [0, 2]
+    png = np.asarray(Image.open(out / "images" / "val_frames" / "step_000002.png"))
+    assert png.ndim == 3 and png.shape[0] > 0 and png.std() > 0
+    assert row["val-core/worldmodel_latent/reward/mean@1"] == pytest.approx(row["val/score/mean"])
     for key in (
         "actor/pg_loss",
         "actor/kl_loss",

@@ -51,6 +51,7 @@ def _accepts(f: Field, type_: Any) -> str:
         return f"a registered name ({meta['registry'].replace('_', ' ')})"
     text = getattr(type_, "__name__", None) or str(type_).replace("typing.", "")
     text = text.replace("NoneType", "null").replace(" | None", " or null")
+    text = text.replace("mmrl.config.schema.", "")  # list[VerifierSpec], not its module path
     bounds = meta.get("bounds")
     return f"{text}, {describe_bounds(bounds)}" if bounds else text
 

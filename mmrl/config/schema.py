@@ -244,6 +244,10 @@ class VerifierSpec:
 class RewardConfig:
     verifiers: list[VerifierSpec] = field(default_factory=lambda: [VerifierSpec()])
     """The verifiers whose weighted scores sum to the reward."""
+    val_verifiers: list[VerifierSpec] | None = None
+    """The verifiers that score validation (val/*, val-core/*), in the same form; null: the
+    training verifiers. A stricter one makes reward hacking visible: the training reward rises
+    while validation stays flat (docs/metrics.md)."""
     overlong_reward: str = one_of("zero", ("keep", "zero"))
     """Responses cut at max_response_length without EOS: keep scores them as they are, zero
     gives them zero reward."""

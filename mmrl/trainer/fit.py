@@ -29,14 +29,13 @@ from mmrl.trainer.experience import (
     make_experience,
     needs_critic,
     needs_reference,
-    sampling_params,
-    score,
     step_seed,
 )
 from mmrl.trainer.guard import InvalidRateMonitor, batch_for_update
-from mmrl.trainer.metrics import compute_data_metrics
+from mmrl.trainer.metrics import compute_data_metrics, memory_metrics
 from mmrl.trainer.preflight import preflight
 from mmrl.trainer.tracking import Tracker
+from mmrl.trainer.validation import build_val_runner, validate_all
 from mmrl.utils.resources import process_tree_stats
 from mmrl.utils.seed import set_seed
 from mmrl.utils.timing import peak_rss_gib, timer
@@ -130,52 +129,6 @@ def rl_step(
     return metrics
 
 
-def validate(
-    cfg: RunConfig,
-    val_prompts: Batch,
-    worker: WorkerGroup,
-    processor: PromptProcessor,
-    runner: VerifierRunner,
-    greedy: bool = False,
-) -> dict[str, float]:
-    """Score held-out prompts with ``rollout.val_kwargs`` sampling (``val/*``), or greedily
-    (``val/greedy/*``).
-    """
-    vk = cfg.actor_rollout_ref.rollout.val_kwargs
-    scores, metrics_sum, counts = [], {}, {}
-    for i, chunk in enumerate(val_prompts.split(cfg.data.val_batch_size)):
-        params = sampling_params(
-            cfg, processor, cfg.trainer.seed + 7919 * i, validate=True, greedy=greedy
-        )
-        out = worker.generate_sequences(chunk if greedy else chunk.repeat(vk.n), params)
-        out, m = score(out, processor, cfg, runner)
-        scores.append(out["token_level_scores"].sum(-1))
-        for k, v in m.items():  # a chunk may lack a mean (no sample scored): weigh by presence
-            metrics_sum[k] = metrics_sum.get(k, 0.0) + v * len(out)
-            counts[k] = counts.get(k, 0) + len(out)
-    all_scores = torch.cat(scores)
-    prefix = "val/greedy" if greedy else "val"
-    metrics = {
-        f"{prefix}/{k.removeprefix('reward/')}": v / counts[k] for k, v in metrics_sum.items()
-    }
-    metrics[f"{prefix}/score/mean"] = float(all_scores.mean())
-    return metrics
-
-
-def validate_all(
-    cfg: RunConfig,
-    val_prompts: Batch,
-    worker: WorkerGroup,
-    processor: PromptProcessor,
-    runner: VerifierRunner,
-) -> dict[str, float]:
-    """:func:`validate`, plus its greedy version when ``trainer.val_greedy`` is set."""
-    metrics = validate(cfg, val_prompts, worker, processor, runner)
-    if cfg.trainer.val_greedy:
-        metrics.update(validate(cfg, val_prompts, worker, processor, runner, greedy=True))
-    return metrics
-
-
 def fit(cfg: RunConfig) -> RunResult:
     """Run RL training as configured and return the logged history."""
     start = time.perf_counter()
@@ -218,13 +171,13 @@ def fit(cfg: RunConfig) -> RunResult:
     )
     worker, critic = workers.actor, workers.critic
     runner = VerifierRunner.from_config(cfg.reward)
+    val_runner = build_val_runner(cfg, runner)  # reward.val_verifiers, or the same runner
     # Stops worker processes and closes the loggers' files however the run ends.
-    with workers, closing(runner), closing(tracker):
+    with workers, closing(runner), closing(val_runner), closing(tracker):
         if cfg.trainer.val_before_train:
-            tracker.log(
-                {**init_metrics, **validate_all(cfg, val_prompts, worker, processor, runner)},
-                step=0,
-            )
+            val_metrics, images = validate_all(cfg, val_prompts, worker, processor, val_runner)
+            tracker.log({**init_metrics, **val_metrics}, step=0)
+            tracker.log_images(images, step=0)
         bar = tqdm(
             range(1, cfg.trainer.total_steps + 1), desc="rl", disable=not cfg.trainer.progress_bar
         )
@@ -232,13 +185,20 @@ def fit(cfg: RunConfig) -> RunResult:
             workers.set_step(step)  # a worker failure names the step
             metrics = rl_step(cfg, step, loader.next(), worker, critic, processor, kl_ctrl, runner)
             metrics.update(process_tree_stats())  # a leak shows as a rising system/* line
-            last = step == cfg.trainer.total_steps
-            if cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or last):
-                with timer("testing", metrics):
-                    metrics.update(validate_all(cfg, val_prompts, worker, processor, runner))
-            if cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0 and not last:
-                worker.save_pretrained(cfg.output_dir / f"global_step_{step}" / "actor")
+            last, images = step == cfg.trainer.total_steps, {}
+            with timer("step", metrics):  # validation and checkpoints count in the step (verl)
+                if cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or last):
+                    with timer("testing", metrics):
+                        val_metrics, images = validate_all(
+                            cfg, val_prompts, worker, processor, val_runner
+                        )
+                        metrics.update(val_metrics)
+                if cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0 and not last:
+                    with timer("save_checkpoint", metrics):
+                        worker.save_pretrained(cfg.output_dir / f"global_step_{step}" / "actor")
+            metrics.update(memory_metrics(workers))
             tracker.log(metrics, step)
+            tracker.log_images(images, step)
             if "critic/score/mean" in metrics:  # absent when no sample was valid
                 bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
             if monitor.should_stop(metrics):

@@ -1,10 +1,12 @@
-"""Per-step data metrics under verl's names."""
+"""Per-step data, throughput and memory metrics under verl's names."""
 
 from __future__ import annotations
 
 import torch
 
+from mmrl.hybrid import Workers
 from mmrl.protocol import Batch
+from mmrl.utils.timing import peak_rss_gib
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -23,8 +25,10 @@ def compute_data_metrics(
 ) -> dict[str, float]:
     """Scores, rewards, advantages, lengths, log-prob drift and throughput of one step.
 
-    ``gen_time_s``: wall time of generation, for ``perf/rollout_tokens_per_s`` (sampled
-    response tokens per second, over all workers).
+    ``step_time_s``: wall time of the step's RL stages (generation to update), for
+    ``perf/throughput`` (prompt and response tokens per second, all workers together) and
+    ``perf/samples_per_s``. ``gen_time_s``: wall time of generation, for
+    ``perf/rollout_tokens_per_s`` (sampled response tokens per second, over all workers).
 
     Token statistics use valid response tokens of valid samples only.
     """
@@ -56,6 +60,20 @@ def compute_data_metrics(
     num_tokens = float(batch["attention_mask"].sum())
     metrics["perf/total_num_tokens"] = num_tokens
     metrics["perf/throughput"] = num_tokens / max(step_time_s, 1e-9)
+    metrics["perf/samples_per_s"] = len(batch) / max(step_time_s, 1e-9)
     if gen_time_s is not None:
         metrics["perf/rollout_tokens_per_s"] = float(mask.sum()) / max(gen_time_s, 1e-9)
     return metrics
+
+
+def memory_metrics(workers: Workers) -> dict[str, float]:
+    """Peak memory so far, in GiB, over the driver and every worker process.
+
+    ``perf/max_memory_gib``: on GPU the largest peak of allocated GPU memory of any worker,
+    else the largest peak resident memory (RSS) of any process. ``perf/max_rss_gib``: the
+    largest peak RSS, on any device.
+    """
+    stats = [s for g in (workers.actor, workers.critic) if g is not None for s in g.memory_stats()]
+    rss = max([peak_rss_gib(), *(s["peak_rss_gib"] for s in stats)])
+    gpu = [s["cuda_peak_gib"] for s in stats if "cuda_peak_gib" in s]
+    return {"perf/max_memory_gib": max(gpu) if gpu else rss, "perf/max_rss_gib": rss}

@@ -46,21 +46,28 @@ def registry_problems(cfg: RunConfig) -> list[str]:
 
 
 def verifier_problems(cfg: RunConfig) -> list[str]:
-    """Each ``reward.verifiers`` entry must resolve (registered, entry point, module or file)
-    and run as asked; metric names must be unique."""
+    """Each ``reward.verifiers`` and ``reward.val_verifiers`` entry must resolve (registered,
+    entry point, module or file) and run as asked; metric names must be unique."""
     from mmrl.verifiers.spec import bind
 
-    problems, names = [], []
-    for i, spec in enumerate(cfg.reward.verifiers):
-        try:
-            names.append(bind(spec).name)
-        except MMRLError as err:
-            problems.append(f"reward.verifiers[{i}].name={spec.name!r}: {err.what}")
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        problems.append(f"reward.verifiers: {dupes} appear more than once; give each an 'alias'")
-    if not cfg.reward.verifiers:
-        problems.append("reward.verifiers is empty; name at least one verifier")
+    problems = []
+    for key, specs in (
+        ("verifiers", cfg.reward.verifiers),
+        ("val_verifiers", cfg.reward.val_verifiers),
+    ):
+        if specs is None:
+            continue  # val_verifiers: null means the training verifiers
+        names = []
+        for i, spec in enumerate(specs):
+            try:
+                names.append(bind(spec).name)
+            except MMRLError as err:
+                problems.append(f"reward.{key}[{i}].name={spec.name!r}: {err.what}")
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            problems.append(f"reward.{key}: {dupes} appear more than once; give each an 'alias'")
+        if not specs:
+            problems.append(f"reward.{key} is empty; name at least one verifier")
     return problems
 
 

@@ -35,11 +35,14 @@ class VerifierOutput:
         scores: float64 [B].
         valid: bool [B]; False marks a sample the verifier could not score.
         metrics: extra named values, each a float or a float array [B].
+        verifier_scores: the runner's combined output only: each verifier's own scores
+            float64 [B] (0 where it failed), by metric name; validation reports them @N.
     """
 
     scores: np.ndarray
     valid: np.ndarray
     metrics: dict[str, np.ndarray | float] = field(default_factory=dict)
+    verifier_scores: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

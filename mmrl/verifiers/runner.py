@@ -277,7 +277,12 @@ class VerifierRunner:
                     metrics[f"{prefix}/{key}"] = float(kept.mean())
             metrics[f"timing_s/reward/{v.name}"] = res.duration_s
         metrics["reward/invalid_rate"] = 1.0 - np.count_nonzero(valid) / n if n else 0.0
-        return VerifierOutput(scores=np.where(valid, total, 0.0), valid=valid, metrics=metrics)
+        return VerifierOutput(
+            scores=np.where(valid, total, 0.0),
+            valid=valid,
+            metrics=metrics,
+            verifier_scores={v.name: results[v.name].scores.copy() for v in self.verifiers},
+        )
 
     def _log_errors(self, results: dict[str, _Scores], batch: Batch) -> None:
         uids = batch.non_tensor.get("uid")
