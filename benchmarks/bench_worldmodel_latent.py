@@ -1,11 +1,12 @@
-"""Multi-seed latent world-model GRPO: held-out metrics of the base and the tuned policy.
+"""Multi-seed latent world-model GRPO: test-split metrics of the base and the tuned policy.
 
     python -m benchmarks.bench_worldmodel_latent --seeds 0 1 2 [hydra overrides]
 
 The base (data, autoencoder, MLE-pretrained policy) is made once under
 ``task.work_dir`` and shared by every seed; each seed runs ``mmrl train
 task=worldmodel_latent`` with ``trainer.seed=<seed>``. Base and tuned policies are
-evaluated on the same held-out windows with the same decoding, both sampled and
+evaluated on every window of the test trajectories (which neither pretraining nor
+validation read) with the same decoding, both sampled and
 greedy (the mean latent), next to the trivial world models: copying the last context
 frame's pixels, and copying its latent (decoded by the same autoencoder). With ``--planner-episodes
 N`` the planner (random shooting on the push
@@ -37,7 +38,7 @@ def copy_last_frame(cfg) -> dict[str, float]:
 
     from mmrl.protocol import Batch
 
-    windows = WorldModelLatentTask(cfg.task).build_data(0).val
+    windows = WorldModelLatentTask(cfg.task).build_data(0).test
     f = windows.future.shape[1]
     pred = np.repeat(windows.context[:, -1:], f, axis=1)
     batch = Batch.from_dict(
@@ -81,7 +82,6 @@ def fmt(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--eval-windows", type=int, default=256)
     parser.add_argument("--planner-episodes", type=int, default=0)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
@@ -91,7 +91,8 @@ def main() -> None:
         "trainer.loggers=[jsonl]",
         *args.overrides,
     ]
-    eval_cfg = load_config([*base_overrides, f"task.val_windows={args.eval_windows}"])
+    eval_cfg = load_config(base_overrides)
+    test_windows = len(WorldModelLatentTask(eval_cfg.task).build_data(0).test)
     rows: dict[tuple[str, str], list[dict[str, float]]] = {}
     tuned: dict[int, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,10 +125,7 @@ def main() -> None:
         rows[("copy last latent (through the AE)", "greedy")] = [
             copy_last_latent(eval_cfg, base, Path(tmp))
         ]
-        print(
-            f"\nheld-out windows: {args.eval_windows}; GRPO rows: mean ± std over seeds "
-            f"{args.seeds}\n"
-        )
+        print(f"\ntest windows: {test_windows}; GRPO rows: mean ± std over seeds {args.seeds}\n")
         print(
             "| model | decoding | score -(MAE+LPIPS) | MAE | LPIPS | PSNR dB | SSIM | state match |"
         )
