@@ -15,9 +15,10 @@ from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
 from mmrl.tasks import get_task
 from mmrl.tasks.visual_counting import VisualCountingConfig, make_counting_dataset
 from mmrl.trainer import cli
+from mmrl.trainer.eval_split import checkpoint_scores
 from mmrl.trainer.fit import fit
 from tests.conftest import run_overrides
-from tests.paired import paired_gain, policy_scores
+from tests.paired import paired_gain
 
 # The short fixed-seed version of `mmrl train task=visual_comparison` (benchmarks/bench_vlm_grpo.py
 # runs the full 40 steps over several seeds). Budget fixed before RL: 150 SFT steps of 32.
@@ -48,7 +49,7 @@ def test_grpo_beats_its_warm_start_on_visual_comparison_test_images(tmp_path):
     assert max(result.series("rollout/logprob_diff_max")) < 1e-3
     test = get_task("visual_comparison")(cfg.task).build_data(cfg.trainer.seed).test
     scores = {
-        name: policy_scores(tmp_path / name, cfg, test, samples=4, do_sample=True)
+        name: checkpoint_scores(tmp_path / name, cfg, test, samples=4, do_sample=True).mean(1)
         for name in ("init_model", "actor")
     }
     gain, se = paired_gain(scores["init_model"], scores["actor"], "visual comparison, test")
@@ -72,7 +73,7 @@ def test_visual_counting_sft_then_grpo(tmp_path):
     assert max(result.series("rollout/logprob_diff_max")) < 1e-3
     test = get_task("visual_counting")(cfg.task).build_data(cfg.trainer.seed).test
     # The score is math_answer (1 when the count is right) + 0.1 x format.
-    scores = policy_scores(tmp_path / "init_model", cfg, test, samples=1, do_sample=False)
+    scores = checkpoint_scores(tmp_path / "init_model", cfg, test)
     chance, n = 0.2, len(scores)
     se = float(np.sqrt(chance * (1 - chance) / n))
     accuracy = float(np.mean(scores >= 1.0))

@@ -231,8 +231,9 @@ def test_grpo_raises_heldout_reward_of_the_latent_world_model(tmp_path):
     KL to the reference stays bounded."""
     from mmrl.config import load_config
     from mmrl.tasks import get_task
+    from mmrl.trainer.eval_split import checkpoint_scores
     from mmrl.trainer.fit import fit
-    from tests.paired import paired_gain, policy_scores
+    from tests.paired import paired_gain
 
     cfg = load_config(run_overrides(tmp_path / "run", *SHORT, f"task.work_dir={tmp_path / 'work'}"))
     result = fit(cfg)
@@ -240,7 +241,7 @@ def test_grpo_raises_heldout_reward_of_the_latent_world_model(tmp_path):
     task = get_task("worldmodel_latent")(cfg.task)
     windows = task.build_data(cfg.trainer.seed).test
     base, rl = (
-        policy_scores(path, cfg, windows, samples=4, do_sample=True)
+        checkpoint_scores(path, cfg, windows, samples=4, do_sample=True).mean(1)
         for path in (tmp_path / "work" / "policy_init", tmp_path / "run" / "actor")
     )
     gain, se = paired_gain(base, rl, "latent world model, test windows, sampled")
