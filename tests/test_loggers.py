@@ -146,3 +146,33 @@ def test_a_run_logs_the_same_metrics_to_every_logger(tmp_path, tiny_lm_dirs, off
             assert scalars[key][row["step"]] == pytest.approx(value, rel=1e-6), key
             assert history[row["step"]][key] == pytest.approx(value, rel=1e-12), key
     assert os.environ["WANDB_MODE"] == "offline"
+
+
+def test_a_resumed_tracker_continues_every_log_as_one_run(tmp_path, offline_wandb):
+    """Killed after step 3 with a checkpoint at step 2: the resumed tracker keeps steps <= 2,
+    and what it logs from step 3 on replaces the killed run's step 3 everywhere."""
+    loggers = ["jsonl", "tensorboard", "wandb"]
+    with Tracker(tmp_path, loggers) as first:
+        for step, metrics in enumerate(STEPS, start=1):
+            first.log(metrics, step)
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "critic/sc')  # a line the kill cut short
+    with Tracker(tmp_path, loggers, resume_step=2) as resumed:
+        assert [r["step"] for r in resumed.history] == [1, 2]
+        resumed.log({"critic/score/mean": 0.875}, 3)
+        resumed.log({"critic/score/mean": 1.0}, 4)
+        resumed.truncate(3)  # a worker died in step 4; the run restarts from step 3
+        resumed.log({"critic/score/mean": 0.5}, 4)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["critic/score/mean"]) for r in rows] == [
+        (1, 0.25),
+        (2, 0.5),
+        (3, 0.875),
+        (4, 0.5),
+    ]
+    assert rows == resumed.history
+    scalars = tensorboard_scalars(tmp_path / "tensorboard")
+    assert scalars["critic/score/mean"] == {1: 0.25, 2: 0.5, 3: 0.875, 4: 0.5}
+    # Offline, the resumed part is a second folder of the same wandb run (wandb sync joins them).
+    run_files = list(tmp_path.glob("wandb/*run-*/run-*.wandb"))
+    assert len(run_files) == 2 and len({p.name for p in run_files}) == 1

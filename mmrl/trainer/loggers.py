@@ -16,6 +16,7 @@ arrays, e.g. a world model's frame strips at validation) and writes them its own
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,9 @@ class MetricSink:
     def log_images(self, images: dict[str, np.ndarray], step: int) -> None:
         """``images``: name -> uint8 [H, W, 3]."""
 
+    def truncate(self, step: int) -> None:
+        """Forget what was logged after ``step`` (a run resumed from that step's checkpoint)."""
+
     def close(self) -> None:
         """Flush and release files."""
 
@@ -66,25 +70,54 @@ class ConsoleSink(MetricSink):
 
 
 class JsonlSink(MetricSink):
-    """Appends one JSON line per step to ``path``; the file is started empty."""
+    """Appends one JSON line per step to ``path``; a new run starts the file empty, a resumed
+    one keeps the lines up to its checkpoint's step."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, resume_step: int | None = None) -> None:
         self.path = path
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("")
+        if resume_step is None:
+            self.path.write_text("")
+        else:
+            self.truncate(resume_step)
 
     def log(self, record: dict[str, Any], step: int) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, **record}) + "\n")
 
+    def truncate(self, step: int) -> None:
+        kept = [r for r in read_jsonl(self.path) if r["step"] <= step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file (none if it is missing); a line that a killed run
+    left half-written is skipped."""
+    records = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
 
 class TensorBoardSink(MetricSink):
     """Scalars and images as TensorBoard event files in ``log_dir``."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, resume_step: int | None = None) -> None:
+        self.log_dir = log_dir
+        self.writer = self._open(resume_step)
+
+    def _open(self, resume_step: int | None) -> SummaryWriter:
         # Flushed every few seconds, so a live run shows in TensorBoard without waiting for
-        # its end.
-        self.writer = SummaryWriter(log_dir=str(log_dir), flush_secs=10)
+        # its end. purge_step hides the events of steps after a resumed checkpoint.
+        purge = resume_step + 1 if resume_step is not None else None
+        return SummaryWriter(log_dir=str(self.log_dir), flush_secs=10, purge_step=purge)
+
+    def truncate(self, step: int) -> None:
+        self.writer.close()
+        self.writer = self._open(step)
 
     def log(self, record: dict[str, Any], step: int) -> None:
         for key, value in record.items():
@@ -100,16 +133,37 @@ class TensorBoardSink(MetricSink):
 
 
 class WandbSink(MetricSink):
-    """One wandb run per training run, its files under ``output_dir/wandb``."""
+    """One wandb run per training run, its files under ``output_dir/wandb``. A resumed run
+    continues the same wandb run (its id is kept in ``output_dir/wandb/mmrl_run_id``); wandb
+    keeps the values it already has for the steps between the checkpoint and the kill, which
+    an exact resume logs again unchanged."""
 
-    def __init__(self, output_dir: Path, project: str, name: str, config: dict) -> None:
+    def __init__(
+        self,
+        output_dir: Path,
+        project: str,
+        name: str,
+        config: dict,
+        resume_step: int | None = None,
+    ) -> None:
         if wandb is None:
             raise ConfigError(
                 "trainer.loggers includes wandb, but the wandb package is not installed",
                 fix="pip install 'mmrl[wandb]' (or drop wandb from trainer.loggers)",
             )
-        output_dir.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=project, name=name, dir=str(output_dir), config=config)
+        id_file = output_dir / "wandb" / "mmrl_run_id"
+        id_file.parent.mkdir(parents=True, exist_ok=True)
+        resumed = resume_step is not None and id_file.is_file()
+        run_id = id_file.read_text().strip() if resumed else uuid.uuid4().hex[:12]
+        id_file.write_text(run_id)
+        self.run = wandb.init(
+            project=project,
+            name=name,
+            dir=str(output_dir),
+            config=config,
+            id=run_id,
+            resume="allow" if resumed else None,
+        )
 
     def log(self, record: dict[str, Any], step: int) -> None:
         self.run.log({k: v for k, v in record.items() if v is not None}, step=step)
@@ -122,9 +176,15 @@ class WandbSink(MetricSink):
 
 
 def build_sinks(
-    names: list[str], output_dir: Path, project: str, name: str, config: dict
+    names: list[str],
+    output_dir: Path,
+    project: str,
+    name: str,
+    config: dict,
+    resume_step: int | None = None,
 ) -> list[MetricSink]:
-    """The sinks ``trainer.loggers`` names, in its order."""
+    """The sinks ``trainer.loggers`` names, in its order; ``resume_step``: they continue a run
+    from that step's checkpoint."""
     unknown = sorted(set(names) - set(LOGGER_NAMES))
     if unknown:
         raise ConfigError(
@@ -132,8 +192,8 @@ def build_sinks(
         )
     make = {
         "console": ConsoleSink,
-        "jsonl": lambda: JsonlSink(output_dir / "metrics.jsonl"),
-        "tensorboard": lambda: TensorBoardSink(output_dir / "tensorboard"),
-        "wandb": lambda: WandbSink(output_dir, project, name, config),
+        "jsonl": lambda: JsonlSink(output_dir / "metrics.jsonl", resume_step),
+        "tensorboard": lambda: TensorBoardSink(output_dir / "tensorboard", resume_step),
+        "wandb": lambda: WandbSink(output_dir, project, name, config, resume_step),
     }
     return [make[n]() for n in dict.fromkeys(names)]

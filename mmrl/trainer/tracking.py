@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from mmrl.trainer.loggers import CONSOLE_KEYS, LOGGER_NAMES, MetricSink, build_sinks
+from mmrl.trainer.loggers import CONSOLE_KEYS, LOGGER_NAMES, MetricSink, build_sinks, read_jsonl
 
 __all__ = ["CONSOLE_KEYS", "LOGGER_NAMES", "Tracker"]
 
@@ -27,6 +27,10 @@ class Tracker:
         loggers: names from :data:`LOGGER_NAMES` (``trainer.loggers``).
         project, name: the run's project and name (wandb shows them).
         config: the run's config as plain data (wandb stores it with the run).
+        resume_step: a run resumed from this step's checkpoint: ``history`` starts with the
+            records of ``metrics.jsonl`` up to that step, the JSONL file keeps those lines
+            and drops later ones, TensorBoard hides later events, wandb continues its run, so
+            the logs read as one run.
     """
 
     def __init__(
@@ -36,12 +40,16 @@ class Tracker:
         project: str = "mmrl",
         name: str = "run",
         config: dict | None = None,
+        resume_step: int | None = None,
     ) -> None:
         self.output_dir = Path(output_dir)
-        self.sinks: list[MetricSink] = build_sinks(
-            list(loggers), self.output_dir, project, name, config or {}
-        )
         self.history: list[dict[str, Any]] = []
+        if resume_step is not None:
+            records = read_jsonl(self.output_dir / "metrics.jsonl")
+            self.history = [r for r in records if r["step"] <= resume_step]
+        self.sinks: list[MetricSink] = build_sinks(
+            list(loggers), self.output_dir, project, name, config or {}, resume_step
+        )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         values = {k: _plain(v) for k, v in sorted(metrics.items())}
@@ -57,6 +65,13 @@ class Tracker:
             Image.fromarray(image).save(folder / f"step_{step:06d}.png")
         for sink in self.sinks:
             sink.log_images(images, step)
+
+    def truncate(self, step: int) -> None:
+        """Forget every record after ``step`` (a restart from that step's checkpoint; -1:
+        from the start): in ``history`` and in the sinks that can."""
+        self.history = [r for r in self.history if r["step"] <= step]
+        for sink in self.sinks:
+            sink.truncate(step)
 
     def close(self) -> None:
         for sink in self.sinks:
