@@ -301,7 +301,18 @@ class TrainerConfig:
     test_freq: int = ranged(10, ge=0)
     """Validate every N steps and after the last; 0 disables."""
     save_freq: int = ranged(0, ge=0)
-    """Save the actor every N steps; 0 saves only at the end."""
+    """Write a checkpoint (global_step_N/: actor, critic, optimizers, data and RNG state) every
+    N steps and after the last; 0 saves only the final actor (docs/operations.md)."""
+    resume_mode: str = one_of("auto", ("auto", "disable", "resume_path"))
+    """auto: continue from output_dir's latest checkpoint when there is one; disable: start
+    over; resume_path: continue from resume_from_path."""
+    resume_from_path: str | None = None
+    """A global_step_N folder to continue from (with resume_mode=resume_path)."""
+    max_actor_ckpt_to_keep: int | None = ranged(None, ge=1)
+    """Keep only the newest N checkpoints; null keeps all."""
+    max_restarts: int = ranged(0, ge=0)
+    """Ray mode: a worker that dies restarts the worker group from the latest checkpoint, up
+    to this many times in one run (fault/restarts counts them)."""
     val_before_train: bool = True
     """Validate before step 1."""
     val_greedy: bool = False

@@ -21,7 +21,22 @@ from mmrl.hybrid.dispatch import Args, collect, dispatch_mode, split_args
 
 
 class WorkerError(RuntimeError):
-    """A worker died or raised; the message names the group, the rank, the call and the RL step."""
+    """A worker died or raised; the message names the group, the rank, the call and the RL step.
+
+    ``rank`` is the failed rank and ``reason`` what ended it (``died: ...`` when its process
+    went away, which a restart from a checkpoint can recover from).
+    """
+
+    def __init__(self, message: str, rank: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.rank, self.reason = rank, reason
+
+    @property
+    def worker_died(self) -> bool:
+        return self.reason.startswith("died")
+
+    def __reduce__(self):
+        return type(self), (str(self), self.rank, self.reason)
 
 
 class WorkerHost:

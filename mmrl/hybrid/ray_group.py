@@ -183,7 +183,10 @@ class RayWorkerGroup(WorkerGroup):
         cause = getattr(err, "cause", None)
         if isinstance(cause, MMRLError):
             return cause.at(f"rank {rank} of {self.world_size}{step}")
-        return WorkerError(f"{message}; the group is stopped. Cause: {err}")
+        first_line = str(cause or err).strip().splitlines()[0] if str(cause or err).strip() else ""
+        return WorkerError(
+            f"{message}; the group is stopped. Cause: {err}", rank, f"{how}: {first_line[:300]}"
+        )
 
     def shutdown(self) -> None:
         """Kill every rank and free the bundles; safe to call more than once."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -23,6 +24,7 @@ from mmrl.config import RunConfig
 from mmrl.hybrid import actor as actor_fns
 from mmrl.hybrid import critic as critic_fns
 from mmrl.hybrid import fsdp
+from mmrl.hybrid import state as train_state
 from mmrl.hybrid.dispatch import Dispatch, register
 from mmrl.models import policy_family
 from mmrl.models.freeze import freeze_modules
@@ -188,6 +190,45 @@ class ActorRolloutRefWorker:
         return path
 
     @register(Dispatch.ALL)
+    def save_checkpoint(self, folder: str | Path) -> None:
+        """``folder/actor`` (as :meth:`save_pretrained`) and ``folder/actor_optim`` (optimizer
+        and lr schedule, gathered); rank 0 writes."""
+        folder = Path(folder)
+        self.save_pretrained(folder / "actor")
+        train_state.save_optimizer(
+            self.model, self.optimizer, self.lr_schedule, folder / "actor_optim"
+        )
+
+    @register(Dispatch.ALL)
+    def load_checkpoint(self, folder: str | Path) -> None:
+        """Continue from what :meth:`save_checkpoint` wrote, at any number of ranks; the
+        rollout engine gets the loaded weights."""
+        folder = Path(folder)
+        # Read by the family, as the folder was first loaded: the same names and dtypes.
+        saved = self.family.load(folder / "actor", self.cfg.actor_rollout_ref.model.dtype)
+        train_state.load_model_weights(self.model, saved.state_dict())
+        train_state.load_optimizer(
+            self.model, self.optimizer, self.lr_schedule, folder / "actor_optim"
+        )
+        self.sync_rollout_weights()
+
+    @register(Dispatch.ALL)
+    def pid(self) -> int:
+        """This rank's process id (fault-recovery tests kill it)."""
+        return os.getpid()
+
+    @register(Dispatch.ALL)
+    def rng_state(self) -> dict:
+        """This rank's Python, numpy and torch RNG states (JSON-able)."""
+        return train_state.rng_state()
+
+    @register(Dispatch.ALL)
+    def set_rng_state(self, states: list[dict]) -> None:
+        """Restore this rank's entry of ``states`` (one per rank that saved them); at another
+        number of ranks, the states of the saving ranks are reused in turn."""
+        train_state.set_rng_state(states[self.rank % len(states)])
+
+    @register(Dispatch.ALL)
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """A copy of the actor's full weights on rank 0's CPU; ``{}`` on the other ranks."""
         # With one rank the gathered tensors can share storage with the live parameters.
@@ -225,6 +266,22 @@ class CriticWorker:
             dist.get_world_size(),
             "actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n",
         )
+
+    @register(Dispatch.ALL)
+    def save_checkpoint(self, folder: str | Path) -> None:
+        """``folder/critic``: the gathered weights and optimizer state; rank 0 writes."""
+        folder = Path(folder) / "critic"
+        weights = fsdp.full_state_dict(self.model, on_every_rank=False)
+        if dist.get_rank() == 0:
+            train_state.save_model_weights(weights, folder / train_state.MODEL_FILE)
+        train_state.save_optimizer(self.model, self.optimizer, None, folder)
+
+    @register(Dispatch.ALL)
+    def load_checkpoint(self, folder: str | Path) -> None:
+        folder = Path(folder) / "critic"
+        weights = train_state.read_weights(folder / train_state.MODEL_FILE)
+        train_state.load_model_weights(self.model, weights)
+        train_state.load_optimizer(self.model, self.optimizer, None, folder)
 
     @register(Dispatch.DP_COMPUTE)
     def compute_values(self, batch: Batch) -> torch.Tensor:

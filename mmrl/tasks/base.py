@@ -132,6 +132,10 @@ class Task(Generic[D]):
         named in the task's config), with metrics to log at step 0."""
         raise NotImplementedError
 
+    def complete_checkpoint(self, base_dir: Path, actor_dir: Path) -> None:
+        """Copy into a saved actor folder the files of the starting model (``base_dir``)
+        that evaluating it needs beyond what its policy family saves. Nothing by default."""
+
     def on_fit_end(
         self, cfg: RunConfig, base_dir: Path, actor_dir: Path, history: list[dict]
     ) -> dict[str, Any]:

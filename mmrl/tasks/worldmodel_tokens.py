@@ -152,6 +152,10 @@ class WorldModelTokensTask(Task):
 
     # --- after RL: held-out evaluation and report --------------------------------------
 
+    def complete_checkpoint(self, base_dir: Path, actor_dir: Path) -> None:
+        """The world-model layout, processor and VQ tokenizer, so ``mmrl eval`` reads it."""
+        complete_checkpoint(Path(base_dir), Path(actor_dir))
+
     def on_fit_end(
         self, cfg: RunConfig, base_dir: Path, actor_dir: Path, history: list[dict]
     ) -> dict[str, Any]:

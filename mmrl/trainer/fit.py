@@ -20,17 +20,20 @@ from tqdm.auto import tqdm
 
 from mmrl import algos
 from mmrl.config import RunConfig
-from mmrl.errors import ConfigError
-from mmrl.hybrid import WorkerGroup, build_workers
+from mmrl.errors import CheckpointError, ConfigError
+from mmrl.hybrid import WorkerError, WorkerGroup, Workers, build_workers
 from mmrl.processors.base import PromptProcessor
 from mmrl.protocol import Batch
 from mmrl.tasks import Task, get_task
+from mmrl.trainer import resume
+from mmrl.trainer.checkpoint import checkpoint_step, kill_point
 from mmrl.trainer.experience import (
     make_experience,
     needs_critic,
     needs_reference,
     step_seed,
 )
+from mmrl.trainer.faults import FaultRecovery, kill_worker_point
 from mmrl.trainer.guard import InvalidRateMonitor, batch_for_update
 from mmrl.trainer.metrics import compute_data_metrics, memory_metrics
 from mmrl.trainer.preflight import preflight
@@ -80,6 +83,20 @@ class PromptLoader:
         idx = self.order[self.pos : self.pos + self.batch_size]
         self.pos += self.batch_size
         return self.prompts[torch.from_numpy(idx)]
+
+    def state_dict(self) -> dict:
+        """The pass's order, the position in it and the shuffle RNG (JSON-able)."""
+        return {"order": self.order.tolist(), "pos": self.pos, "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state["order"]) != len(self.prompts):
+            raise CheckpointError(
+                f"the checkpoint's prompt order covers {len(state['order'])} prompts, the "
+                f"training set has {len(self.prompts)}",
+                fix="resume with the data the checkpoint was trained on",
+            )
+        self.order, self.pos = np.asarray(state["order"], dtype=np.int64), state["pos"]
+        self.rng.bit_generator.state = state["rng"]
 
 
 def prepare_initial_model(cfg: RunConfig, task: Task) -> tuple[Path, dict[str, float]]:
@@ -145,6 +162,8 @@ def fit(cfg: RunConfig) -> RunResult:
         )
     task = get_task(cfg.task.get("name", ""))(cfg.task)
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
+    resume_from = resume.find_checkpoint(cfg)  # a refused config fails here, before any work
+    resume_step = checkpoint_step(resume_from) if resume_from is not None else None
     model_path, init_metrics = prepare_initial_model(cfg, task)
     data = task.build_data(cfg.trainer.seed)
 
@@ -161,30 +180,29 @@ def fit(cfg: RunConfig) -> RunResult:
         cfg.trainer.project_name,
         cfg.trainer.experiment_name,
         dataclasses.asdict(cfg),
+        resume_step,
     )
     monitor = InvalidRateMonitor(cfg.trainer.max_invalid_rate, cfg.trainer.invalid_rate_patience)
     init_metrics["data/filtered_prompts"] = train_prompts.meta["num_filtered_prompts"]
 
-    # In-process, or one Ray actor per rank (trainer.n_workers_per_node, nnodes, ray_address).
-    workers = build_workers(
-        cfg, model_path, need_ref=needs_reference(cfg), need_critic=needs_critic(cfg)
-    )
-    worker, critic = workers.actor, workers.critic
     runner = VerifierRunner.from_config(cfg.reward)
     val_runner = build_val_runner(cfg, runner)  # reward.val_verifiers, or the same runner
-    # Stops worker processes and closes the loggers' files however the run ends.
-    with workers, closing(runner), closing(val_runner), closing(tracker):
-        if cfg.trainer.val_before_train:
-            val_metrics, images = validate_all(cfg, val_prompts, worker, processor, val_runner)
-            tracker.log({**init_metrics, **val_metrics}, step=0)
-            tracker.log_images(images, step=0)
+    state = resume.RunState(loader, kl_ctrl, monitor, runner)
+    initial = resume.snapshot(state)  # where a restart before the first checkpoint begins
+    faults = FaultRecovery(cfg.output_dir, cfg.trainer.max_restarts)
+
+    def run_steps(workers: Workers, first: int) -> None:
+        worker, critic = workers.actor, workers.critic
         bar = tqdm(
-            range(1, cfg.trainer.total_steps + 1), desc="rl", disable=not cfg.trainer.progress_bar
+            range(first, cfg.trainer.total_steps + 1),
+            desc="rl",
+            disable=not cfg.trainer.progress_bar,
         )
         for step in bar:
             workers.set_step(step)  # a worker failure names the step
             metrics = rl_step(cfg, step, loader.next(), worker, critic, processor, kl_ctrl, runner)
             metrics.update(process_tree_stats())  # a leak shows as a rising system/* line
+            metrics.update(faults.metrics())
             last, images = step == cfg.trainer.total_steps, {}
             with timer("step", metrics):  # validation and checkpoints count in the step (verl)
                 if cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or last):
@@ -193,19 +211,49 @@ def fit(cfg: RunConfig) -> RunResult:
                             cfg, val_prompts, worker, processor, val_runner
                         )
                         metrics.update(val_metrics)
-                if cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0 and not last:
+                stop = monitor.should_stop(metrics)  # before a save: the streak is state too
+                freq = cfg.trainer.save_freq
+                if stop or (freq > 0 and (step % freq == 0 or last)):
                     with timer("save_checkpoint", metrics):
-                        worker.save_pretrained(cfg.output_dir / f"global_step_{step}" / "actor")
+                        folder = resume.save(cfg, step, workers, state, model_path, task, metrics)
             metrics.update(memory_metrics(workers))
             tracker.log(metrics, step)
             tracker.log_images(images, step)
+            kill_point("after_step", step)
+            kill_worker_point(step, workers, faults.restarts)
             if "critic/score/mean" in metrics:  # absent when no sample was valid
                 bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
-            if monitor.should_stop(metrics):
-                path = cfg.output_dir / f"global_step_{step}" / "actor"
-                worker.save_pretrained(path)
-                raise monitor.error(metrics, runner.error_examples, str(path))
+            if stop:
+                raise monitor.error(metrics, runner.error_examples, str(folder / "actor"))
         worker.save_pretrained(cfg.output_dir / "actor")
+
+    # Closes the loggers' files however the run ends; `with workers` stops worker processes.
+    with closing(runner), closing(val_runner), closing(tracker):
+        while True:  # once, or again after a worker died (trainer.max_restarts)
+            # In-process, or one Ray actor per rank (trainer.n_workers_per_node, nnodes, ...).
+            workers = build_workers(
+                cfg, model_path, need_ref=needs_reference(cfg), need_critic=needs_critic(cfg)
+            )
+            try:
+                with workers:
+                    if resume_from is not None:
+                        record = resume.restore(resume_from, workers, state)
+                        if not tracker.history or tracker.history[-1]["step"] != resume_step:
+                            tracker.log(record["metrics"], resume_step)  # killed before logging
+                    elif cfg.trainer.val_before_train:
+                        val_metrics, images = validate_all(
+                            cfg, val_prompts, workers.actor, processor, val_runner
+                        )
+                        tracker.log({**init_metrics, **val_metrics}, step=0)
+                        tracker.log_images(images, step=0)
+                    run_steps(workers, (resume_step or 0) + 1)
+                break
+            except WorkerError as err:
+                resume_from = faults.recover(err, workers.actor.step)
+                resume_step = checkpoint_step(resume_from) if resume_from is not None else None
+                if resume_from is None:
+                    resume.rewind(state, initial)
+                tracker.truncate(resume_step if resume_step is not None else -1)
     extra = task.on_fit_end(cfg, model_path, cfg.output_dir / "actor", tracker.history)
     result = RunResult(cfg.output_dir, tracker.history, time.perf_counter() - start, peak_rss_gib())
     summary = {
