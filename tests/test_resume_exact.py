@@ -135,3 +135,28 @@ def test_a_two_worker_checkpoint_loads_into_one_worker_bit_for_bit(
     assert before.keys() == after.keys() and len(before) > 0
     for name, value in before.items():
         assert torch.equal(after[name], value), name
+
+
+def test_latent_world_model_run_killed_between_steps_continues_exactly(tmp_path):
+    """The world-model kind of policy (Gaussian latent steps, its autoencoder) resumes too."""
+    from tests.test_worldmodel_latent_rl import TINY
+
+    work = tmp_path / "work"  # shared: the autoencoder and pretraining are made once
+    extra = (*TINY, f"task.work_dir={work}", "trainer.val_before_train=true")
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    model = Path("unused")  # the task makes its own starting model
+
+    def wm_train(out: Path, kill_at: str = "") -> int:
+        text_only = ("actor_rollout_ref.model.path=", "task.val_size=")
+        argv = [a for a in overrides(out, model, *extra) if not a.startswith(text_only)]
+        env = {**os.environ, KILL_ENV: kill_at}
+        cmd = [sys.executable, "-m", "mmrl.trainer.cli", "train", *argv]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode in (0, -9), proc.stderr[-3000:]
+        return proc.returncode
+
+    assert wm_train(full) == 0
+    assert wm_train(resumed, kill_at="after_step:3") == -9
+    assert wm_train(resumed) == 0
+    assert (resumed / "global_step_4" / "actor" / "latent_policy.json").is_file()
+    assert_same_run(resumed, full)
