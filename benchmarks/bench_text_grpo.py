@@ -25,6 +25,7 @@ from mmrl.trainer.fit import fit
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--name", default="text_grpo", help="results/<name>.json")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     rows = []
@@ -63,9 +64,7 @@ def main() -> None:
         print(f"| {r['seed']} | {cells} | {r['wall_time_s']:.0f} | {r['peak_memory_gib']:.2f} |")
     means = " | ".join(mean_std([r[c] for r in rows]) for c in cols)
     print(f"| mean ± std (ddof=1) | {means} | | |")
-    write_results(
-        "text_grpo", rows, "python -m benchmarks.bench_text_grpo " + " ".join(sys.argv[1:])
-    )
+    write_results(args.name, rows, "python -m benchmarks.bench_text_grpo " + " ".join(sys.argv[1:]))
     before = np.array([r["before"] for r in rows])
     after = np.array([r["after"] for r in rows])
     print(

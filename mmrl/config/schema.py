@@ -106,6 +106,9 @@ class ActorConfig:
     first steps move every parameter by about lr whatever the gradient's size."""
     weight_decay: float = ranged(0.0, ge=0)
     """AdamW weight decay."""
+    fused_optimizer: bool = True
+    """AdamW's fused kernel: one pass over all parameters instead of a loop of small ops per
+    parameter (torch's CPU default), several times faster for the optimizer step on CPU."""
     ppo_mini_batch_size: int = ranged(8, ge=1)
     """Prompts per optimizer step (each with its rollout.n samples)."""
     ppo_micro_batch_size: int = ranged(64, ge=1)

@@ -79,6 +79,7 @@ class ActorRolloutRefWorker:
             [p for p in self.model.parameters() if p.requires_grad],
             lr=arr.actor.lr,
             weight_decay=arr.actor.weight_decay,
+            fused=arr.actor.fused_optimizer or None,  # None: torch's own choice per device
         )
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, warmup(arr.actor.lr_warmup_steps)

@@ -1,0 +1,140 @@
+"""What each actor-update switch costs: one PPO update of a GRPO batch, setting by setting.
+
+    .venv/bin/python -m benchmarks.bench_actor_update --size 10m --repeats 3
+
+A random Qwen2 (the sizes of benchmarks/bench_vs_trl.py) takes one optimizer step
+(``mmrl.hybrid.actor.update_policy``: forward, backward, AdamW) on a batch shaped like a
+GRPO step of the addition task from a random model: 64 rows, prompts of 4-6 tokens
+left-padded to 16, responses of geometric length (mean about 15) right-padded to 32.
+Every setting runs in this process on the same batch, in alternation, ``--repeats``
+times; the table gives the median time and its ratio to the first setting. Settings:
+
+- ``padded``: ``model.trim_padding=false`` (every row at 16 + 32 tokens);
+- ``trimmed``: the default (each micro-batch at its own longest prompt and response);
+- ``dynamic N``: ``actor.use_dynamic_bsz=true``, ``ppo_max_token_len_per_gpu=N``
+  (``--max-tokens``);
+- ``fsdp``: the one-rank FSDP2 wrapper the worker uses, against the plain module;
+- ``fsdp bf16`` (``--bf16``): the FSDP2 mixed-precision policy
+  (``trainer.mixed_precision=bf16``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.bench_vs_trl import SIZES, build_model
+from benchmarks.results import write_results
+from mmrl.config import ActorConfig
+from mmrl.hybrid import fsdp
+from mmrl.hybrid.actor import update_policy
+from mmrl.models import get_family
+from mmrl.protocol import Batch
+
+TEXT_LM = get_family("text_lm")
+ROWS, PROMPT, RESPONSE = 64, 16, 32
+
+
+def grpo_like_batch(vocab: int, seed: int = 0) -> Batch:
+    gen = torch.Generator().manual_seed(seed)
+    prompt_len = torch.randint(4, 7, (ROWS,), generator=gen)
+    # A random model stops with probability 1/vocab-ish per step: geometric lengths, capped.
+    stop = torch.empty(ROWS).exponential_(1 / 15, generator=gen).long() + 1
+    response_len = stop.clamp(max=RESPONSE)
+    prompt_mask = (torch.arange(PROMPT)[None] >= PROMPT - prompt_len[:, None]).long()
+    response_mask = (torch.arange(RESPONSE)[None] < response_len[:, None]).float()
+    attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)
+    input_ids = torch.randint(3, vocab, attention_mask.shape, generator=gen) * attention_mask
+    out = Batch.from_dict(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+            "responses": input_ids[:, PROMPT:],
+            "response_mask": response_mask,
+            "valid_mask": torch.ones(ROWS, dtype=torch.bool),
+            "advantages": torch.randn(ROWS, 1, generator=gen).expand(ROWS, RESPONSE).clone(),
+        }
+    )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="10m")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, nargs="+", default=[512, 1024, 2048])
+    parser.add_argument("--bf16", action="store_true", help="also the bf16 mixed-precision policy")
+    args = parser.parse_args()
+    fsdp.init_process_group(0, 1, "cpu", timeout_s=600)
+    with tempfile.TemporaryDirectory() as tmp:
+        params = build_model(Path(tmp), *SIZES[args.size])
+        base = TEXT_LM.load(Path(tmp))
+    batch = grpo_like_batch(base.config.vocab_size)
+    actor = dataclasses.replace(ActorConfig(), use_kl_loss=False, lr=1e-5)
+    dynamic = {
+        budget: dataclasses.replace(actor, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=budget)
+        for budget in args.max_tokens
+    }
+    settings = {
+        "padded": (False, actor, "plain", None),
+        "trimmed": (True, actor, "plain", None),
+        **{f"dynamic {b}": (True, cfg, "plain", None) for b, cfg in dynamic.items()},
+        "fsdp padded": (False, actor, "fsdp", None),
+        "fsdp trimmed": (True, actor, "fsdp", None),
+    }
+    if args.bf16:
+        settings["fsdp bf16 trimmed"] = (True, actor, "fsdp", "bf16")
+    models = {}
+    for name, (_, _, wrap, precision) in settings.items():
+        model = copy.deepcopy(base)
+        if wrap == "fsdp":
+            model = fsdp.shard_model(model, fsdp.mixed_precision_policy(precision or "fp32", "cpu"))
+        models[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-5))
+    times: dict[str, list[float]] = {name: [] for name in settings}
+    for _ in range(args.repeats + 1):  # the first round warms up
+        for name, (trim, cfg, _, _) in settings.items():
+            model, optimizer = models[name]
+            start = time.perf_counter()
+            update_policy(
+                TEXT_LM,
+                model,
+                optimizer,
+                batch.clone(),
+                cfg,
+                mini_batch_size=ROWS,
+                temperature=1.0,
+                seed=0,
+                trim=trim,
+            )
+            times[name].append(time.perf_counter() - start)
+    first = statistics.median(times["padded"][1:])
+    real = int(batch["attention_mask"].sum())
+    print(
+        f"\n{params / 1e6:.1f}M parameters, {ROWS} rows, {real} real of "
+        f"{ROWS * (PROMPT + RESPONSE)} padded tokens, {torch.get_num_threads()} threads"
+    )
+    print("| setting | update (s) | vs padded |\n|---|---|---|")
+    rows = []
+    for name, values in times.items():
+        median = statistics.median(values[1:])
+        rows.append({"setting": name, "median_s": median, "times_s": values[1:]})
+        print(f"| {name} | {median:.2f} | {first / median:.2f}x |")
+    write_results(
+        f"actor_update_{args.size}",
+        rows,
+        "python -m benchmarks.bench_actor_update " + " ".join(sys.argv[1:]),
+        params=params,
+    )
+
+
+if __name__ == "__main__":
+    main()
