@@ -16,6 +16,13 @@ import torch
 
 # Batch meta key under which engines record the token restrictions they sampled under.
 SUPPORT_KEY = "sampling_support"
+# Prompt tensor int64 [B, T]: the token an engine writes at response step t instead of sampling
+# (teacher-forced, e.g. a world model's known actions between predicted frames); -1 where it
+# samples. Every row forces the same steps.
+FORCED_KEY = "forced_response_ids"
+# Prompt tensor int64 [B, F]: the response step of each predicted frame's last token, where a
+# verifier's per-frame score [B, F] is placed as a token-level reward.
+FRAME_END_KEY = "frame_end_steps"
 
 
 @dataclass(frozen=True)
@@ -84,3 +91,37 @@ def restrict_logits(logits: torch.Tensor, support: dict[str, Any] | None) -> tor
     if support["min_tokens"]:
         keep[: support["min_tokens"], support["stop_token_ids"]] = False
     return logits.masked_fill(~keep, torch.finfo(logits.dtype).min)
+
+
+def forced_steps(prompts: Any, max_tokens: int) -> torch.Tensor | None:
+    """``prompts[FORCED_KEY]`` int64 [B, max_tokens] checked, or None when the batch forces
+    nothing. Every row must force the same steps (a fixed layout, as world-model responses
+    have)."""
+    if FORCED_KEY not in prompts:
+        return None
+    forced = prompts[FORCED_KEY]
+    if forced.shape[1] != max_tokens:
+        raise ValueError(
+            f"{FORCED_KEY} has {forced.shape[1]} steps but the rollout samples {max_tokens}: "
+            "data.max_response_length must equal the processor's response length"
+        )
+    where = forced >= 0
+    if not torch.equal(where, where[:1].expand_as(where)):
+        raise ValueError(f"{FORCED_KEY}: rows force different steps; every row must force the same")
+    return forced
+
+
+def mask_forced(rollout: Any) -> Any:
+    """Give a rollout's teacher-forced steps ``response_mask = 0`` and
+    ``rollout_log_probs = 0``: they were written, not sampled, so they carry no log-prob and
+    no loss. ``attention_mask`` keeps them: later steps attend to them."""
+    if FORCED_KEY not in rollout:
+        return rollout
+    forced = rollout[FORCED_KEY] >= 0
+    mismatch = forced & (rollout["responses"] != rollout[FORCED_KEY])
+    if mismatch.any():
+        row, step = (int(i) for i in mismatch.nonzero()[0])
+        raise RuntimeError(f"sample {row}: the engine did not write forced step {step}")
+    rollout["response_mask"] = rollout["response_mask"].masked_fill(forced, 0.0)
+    rollout["rollout_log_probs"] = rollout["rollout_log_probs"].masked_fill(forced, 0.0)
+    return rollout

@@ -22,7 +22,14 @@ from mmrl.models.family import PolicyFamily, VLLMServing, register_family, torch
 from mmrl.models.padding import trim_padding
 from mmrl.models.responses import finish_rollout, generated_responses
 from mmrl.protocol import Batch
-from mmrl.sampling import SUPPORT_KEY, SamplingParams, restrict_logits, sampling_support
+from mmrl.sampling import (
+    SUPPORT_KEY,
+    SamplingParams,
+    forced_steps,
+    mask_forced,
+    restrict_logits,
+    sampling_support,
+)
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
@@ -88,6 +95,10 @@ class TextLMFamily(PolicyFamily):
     ) -> Batch:
         eos_id, pad_id = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
         stop_ids = {eos_id, *sampling.stop_token_ids}
+        forced = forced_steps(prompts, sampling.max_tokens)
+        processors = allowed_tokens(sampling, stop_ids)
+        if forced is not None:  # last: it overrides every other restriction at forced steps
+            processors.append(ForcedTokensProcessor(forced, prompts["input_ids"].shape[1]))
         config = GenerationConfig(
             max_new_tokens=sampling.max_tokens,
             min_new_tokens=sampling.min_tokens,
@@ -109,7 +120,7 @@ class TextLMFamily(PolicyFamily):
                 input_ids=prompts["input_ids"],
                 attention_mask=prompts["attention_mask"],
                 generation_config=config,
-                logits_processor=allowed_tokens(sampling, stop_ids),
+                logits_processor=processors,
             )
         model.train(was_training)
 
@@ -117,7 +128,7 @@ class TextLMFamily(PolicyFamily):
         responses, log_probs = generated_responses(
             out.sequences, out.scores, prompt_len, sampling.max_tokens, pad_id
         )
-        out = finish_rollout(prompts, responses, log_probs, stop_ids, pad_id)
+        out = mask_forced(finish_rollout(prompts, responses, log_probs, stop_ids, pad_id))
         out.meta[SUPPORT_KEY] = sampling_support(sampling, stop_ids)
         return out
 
@@ -173,3 +184,24 @@ class AllowedTokensProcessor(LogitsProcessor):
         masked = torch.full_like(scores, float("-inf"))
         masked[:, self.allowed] = scores[:, self.allowed]
         return masked
+
+
+class ForcedTokensProcessor(LogitsProcessor):
+    """At a teacher-forced step, only the forced token keeps a (zero) logit: it is chosen
+    whatever the temperature or top-k/p, with sampling log-prob 0.
+
+    ``forced`` int64 [B, T] (-1 where the model samples); ``prompt_length`` P tells the step.
+    """
+
+    def __init__(self, forced: torch.Tensor, prompt_length: int) -> None:
+        self.forced, self.prompt_length = forced, prompt_length
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        step = input_ids.shape[1] - self.prompt_length
+        want = self.forced[:, step].to(scores.device)
+        rows = (want >= 0).nonzero().squeeze(-1)
+        if len(rows):
+            scores = scores.clone()
+            scores[rows] = float("-inf")
+            scores[rows, want[rows]] = 0.0
+        return scores

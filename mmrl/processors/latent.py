@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from mmrl.protocol import Batch
+from mmrl.sampling import FRAME_END_KEY
 from mmrl.worldmodel.data import TrajectoryDataset
 from mmrl.worldmodel.latent_ae import LatentAutoencoder
 from mmrl.worldmodel.windows import FrameWindows
@@ -81,6 +82,7 @@ class LatentWorldModelProcessor:
                 "last_context_frame": torch.from_numpy(windows.context[:, -1].copy()),
                 "attention_mask": mask,
                 "position_ids": torch.arange(k).expand(m, k).clone(),
+                FRAME_END_KEY: torch.arange(f).expand(m, f).clone(),  # one step per frame
             },
             non_tensor={"extra_info": _infos(windows.sources)},
             meta={"num_filtered_prompts": 0},

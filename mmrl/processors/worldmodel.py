@@ -8,6 +8,10 @@ sampled responses back into frames with the VQ tokenizer, for the frame verifier
 - ``pred_frames`` float32 [B, F, H, W, 3] in [0, 1]; NaN for a response that cannot be
   decoded, which the verifier runner turns into an invalid sample (not a crash);
 - ``gt_frames`` uint8 [B, F, H, W, 3], the true future, set by :meth:`encode_dataset`;
+- ``forced_response_ids`` int64 [B, T] (interleaved form only): the known actions the rollout
+  engines write between predicted frames, -1 where they sample;
+- ``frame_end_steps`` int64 [B, F]: each predicted frame's last response step, where a
+  per-frame verifier score lands as a token-level reward;
 - ``ground_truth`` (non-tensor): the environment's observed state of each true future
   frame, and ``env``: the environment's name and config, for the closed-loop
   ``state_match`` score (only when the data comes from a known environment).
@@ -22,6 +26,7 @@ import numpy as np
 import torch
 
 from mmrl.protocol import Batch
+from mmrl.sampling import FORCED_KEY, FRAME_END_KEY
 from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
 from mmrl.worldmodel.tokenizer import VQTokenizer
 from mmrl.worldmodel.windows import FrameWindows, load_windows
@@ -76,6 +81,13 @@ class WorldModelPromptProcessor:
             dtype=torch.long,
         )
 
+    def forced_ids(self, windows: FrameWindows) -> torch.Tensor | None:
+        """``int64 [N, response_length]``: the interleaved actions the engines write into each
+        response (-1 where they sample); None in the prompt form (nothing is forced)."""
+        if not self.tokens.interleaved:
+            return None
+        return torch.from_numpy(np.stack([self.tokens.forced_response(a) for a in windows.actions]))
+
     def encode_dataset(self, dataset: FrameWindows, split: str) -> Batch:
         """Prompts ``[N, P]`` (no padding needed: all have one length) plus ``gt_frames``
         and, for a known environment, ``env`` and ``ground_truth`` (observed true states)."""
@@ -97,9 +109,14 @@ class WorldModelPromptProcessor:
             non_tensor["ground_truth"] = [
                 [env.state_from_frame(f) for f in fut] for fut in dataset.future
             ]
+        forced = self.forced_ids(dataset)
         batch = Batch.from_dict(
             tensors={
+                **({FORCED_KEY: forced} if forced is not None else {}),
                 "input_ids": input_ids,
+                FRAME_END_KEY: torch.from_numpy(self.tokens.frame_end_steps())
+                .expand(len(input_ids), -1)
+                .clone(),
                 "attention_mask": mask,
                 "position_ids": torch.arange(input_ids.shape[1]).expand_as(input_ids).clone(),
                 "gt_frames": torch.from_numpy(np.ascontiguousarray(dataset.future)),
@@ -126,7 +143,8 @@ class WorldModelPromptProcessor:
         return batch
 
     def sampling_overrides(self) -> dict[str, Any]:
-        """Visual tokens only, exactly ``F * tokens_per_frame`` of them."""
+        """Visual tokens only, exactly ``response_length`` steps (interleaved: the forced actions
+        between frames are written by the engine, see ``forced_response_ids``)."""
         n = self.tokens.response_length
         return {
             "allowed_token_ids": tuple(self.tokens.allowed_token_ids()),

@@ -22,7 +22,13 @@ from mmrl.models import PolicyFamily, VLLMServing
 from mmrl.models.responses import finish_rollout
 from mmrl.processors.media import load_image, read_video
 from mmrl.protocol import Batch
-from mmrl.sampling import SUPPORT_KEY, SamplingParams, sampling_support
+from mmrl.sampling import (
+    SUPPORT_KEY,
+    SamplingParams,
+    forced_steps,
+    mask_forced,
+    sampling_support,
+)
 
 # Read by vLLM at import and engine start-up, so they are set before `import vllm`.
 # Keep the engine core in this process: `collective_rpc` then calls our function on
@@ -123,15 +129,49 @@ class VLLMRollout:
 
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """See :class:`mmrl.rollout.base.RolloutEngine`; also sets ``meta["rollout_tokens"]``
-        (sampled tokens, stop tokens included) and ``meta["rollout_time_s"]`` (engine time)."""
+        (sampled tokens, stop tokens included) and ``meta["rollout_time_s"]`` (engine time).
+
+        Teacher-forced steps (``prompts["forced_response_ids"]``) are written, not sampled: the
+        response is generated run by run of free steps, each request's prompt extended by
+        what came before (sampled and forced), so prefix caching reuses the earlier runs' KV.
+        """
         token_ids = self._prompt_token_ids(prompts, sampling.max_tokens)
         stop_ids = {self.eos_token_id, *sampling.stop_token_ids}
         suppressed = self.served.serving.suppressed_token_ids
+        forced = forced_steps(prompts, sampling.max_tokens)
+        start = time.perf_counter()
+        if forced is None:
+            responses, log_probs, n_tokens = self._sample(
+                prompts, token_ids, sampling, stop_ids, suppressed
+            )
+        else:
+            responses, log_probs, n_tokens = self._sample_around(
+                forced.cpu(), prompts, token_ids, sampling, stop_ids, suppressed
+            )
+        elapsed_s = time.perf_counter() - start
+        device = prompts["input_ids"].device
+        out = finish_rollout(
+            prompts, responses.to(device), log_probs.to(device), stop_ids, self.pad_token_id
+        )
+        out = mask_forced(out)
+        out.meta["rollout_tokens"] = n_tokens
+        out.meta["rollout_time_s"] = elapsed_s
+        out.meta[SUPPORT_KEY] = sampling_support(sampling, stop_ids, suppressed)
+        return out
+
+    def _sample(
+        self,
+        prompts: Batch,
+        token_ids: list[list[int]],
+        sampling: SamplingParams,
+        stop_ids: set[int],
+        suppressed: Iterable[int],
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Responses ``[B, max_tokens]`` (pad after the end), their sampling log-probs and the
+        number of tokens sampled, for prompts ``token_ids``."""
         params = self._request_params(sampling, stop_ids, len(token_ids), suppressed)
         requests = self.served.requests(prompts, token_ids)
-        start = time.perf_counter()
         outputs = self.llm.generate(requests, params, use_tqdm=False)
-        elapsed_s = time.perf_counter() - start
         self.served.check_expansion(outputs, token_ids)
 
         shape = (len(outputs), sampling.max_tokens)
@@ -145,14 +185,37 @@ class VLLMRollout:
             log_probs[row, : len(ids)] = torch.tensor(
                 [step[tok].logprob for step, tok in zip(sample.logprobs, ids, strict=True)]
             )
-        device = prompts["input_ids"].device
-        out = finish_rollout(
-            prompts, responses.to(device), log_probs.to(device), stop_ids, self.pad_token_id
-        )
-        out.meta["rollout_tokens"] = sum(len(o.outputs[0].token_ids) for o in outputs)
-        out.meta["rollout_time_s"] = elapsed_s
-        out.meta[SUPPORT_KEY] = sampling_support(sampling, stop_ids, suppressed)
-        return out
+        return responses, log_probs, sum(len(o.outputs[0].token_ids) for o in outputs)
+
+    def _sample_around(
+        self,
+        forced: torch.Tensor,
+        prompts: Batch,
+        token_ids: list[list[int]],
+        sampling: SamplingParams,
+        stop_ids: set[int],
+        suppressed: Iterable[int],
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """:meth:`_sample` with the steps ``forced [B, max_tokens]`` holds (>= 0) written in:
+        one engine call per run of free steps. Forced steps get log-prob 0."""
+        if sampling.min_tokens != sampling.max_tokens:
+            raise ValueError(
+                "teacher-forced response steps need fixed-length responses (min_tokens == "
+                f"max_tokens), found {sampling.min_tokens} and {sampling.max_tokens}"
+            )
+        responses = torch.where(forced >= 0, forced, self.pad_token_id)
+        log_probs = torch.zeros(responses.shape, dtype=torch.float32)
+        total = 0
+        for begin, end in free_runs(forced[0] < 0):
+            ids = [p + responses[row, :begin].tolist() for row, p in enumerate(token_ids)]
+            seed = None if sampling.seed is None else sampling.seed + 1_000_003 * begin
+            part = dataclasses.replace(
+                sampling, max_tokens=end - begin, min_tokens=end - begin, seed=seed
+            )
+            sampled, part_log_probs, n = self._sample(prompts, ids, part, stop_ids, suppressed)
+            responses[:, begin:end], log_probs[:, begin:end] = sampled, part_log_probs
+            total += n
+        return responses, log_probs, total
 
     def _prompt_token_ids(self, prompts: Batch, max_tokens: int) -> list[list[int]]:
         """Strip padding from ``input_ids`` [B, P]; fail on prompts the engine cannot fit."""
@@ -263,6 +326,18 @@ class ServedPrompts:
                     "the images differently; make data.min_pixels/max_pixels match the saved "
                     "processor"
                 )
+
+
+def free_runs(free: torch.Tensor) -> list[tuple[int, int]]:
+    """``[(begin, end), ...]``: the runs of True in ``free`` bool [T] (end exclusive)."""
+    runs, begin = [], None
+    for step, is_free in enumerate([*free.tolist(), False]):
+        if is_free and begin is None:
+            begin = step
+        elif not is_free and begin is not None:
+            runs.append((begin, step))
+            begin = None
+    return runs
 
 
 def sampled_video(video, sampling: dict) -> tuple[np.ndarray, dict]:

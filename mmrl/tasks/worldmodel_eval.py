@@ -50,8 +50,10 @@ def generate(
     temperature: float = 1.0,
     seed: int = 0,
     batch_size: int = 64,
+    forced: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Responses ``int64 [N, F*h*w]`` constrained to visual tokens, greedy or sampled.
+    """Responses ``int64 [N, response_length]`` constrained to visual tokens, greedy or sampled;
+    ``forced [N, response_length]`` is written where it is not ``FREE`` (interleaved actions).
 
     ``prompts [N, P]`` all have one length (world-model prompts do), so no padding.
     Sampling draws from ``softmax(logits / temperature)`` over the visual ids, like the
@@ -65,7 +67,7 @@ def generate(
     out = []
     for s in range(0, len(prompts), batch_size):
         ids, past, chunk = prompts[s : s + batch_size], None, []
-        for _ in range(processor.response_length):
+        for step in range(processor.response_length):
             result = model(input_ids=ids, past_key_values=past, use_cache=True)
             past = result.past_key_values
             logits = result.logits[:, -1].float().masked_fill(~allowed, float("-inf"))
@@ -73,6 +75,9 @@ def generate(
                 ids = logits.argmax(-1, keepdim=True)
             else:
                 ids = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)
+            if forced is not None:
+                want = forced[s : s + batch_size, step : step + 1]
+                ids = torch.where(want >= 0, want, ids)
             chunk.append(ids)
         out.append(torch.cat(chunk, dim=1))
     model.train(was_training)
@@ -178,12 +183,15 @@ def evaluate_model(
     ``tau`` is the repetition threshold."""
     from mmrl.processors.worldmodel import WorldModelPromptProcessor
 
-    prompts = WorldModelPromptProcessor(processor, tokenizer).encode_windows(windows)
+    wm_prompts = WorldModelPromptProcessor(processor, tokenizer)
+    prompts, forced = wm_prompts.encode_windows(windows), wm_prompts.forced_ids(windows)
     decoded = through_tokenizer(tokenizer, windows.context[:, -1])
     runs = 1 if greedy else samples
     per_run, first = [], None
     for r in range(runs):
-        responses = generate(model, prompts, processor, greedy, temperature, seed + 7919 * r)
+        responses = generate(
+            model, prompts, processor, greedy, temperature, seed + 7919 * r, forced=forced
+        )
         frames, valid, _ = processor.decode_frames(responses.tolist(), tokenizer)
         first = frames if first is None else first
         per_run.append(

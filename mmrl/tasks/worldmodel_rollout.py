@@ -50,7 +50,13 @@ def rollout_frames(
             pad = np.repeat(need[:, -1:], k + f - 1 - need.shape[1], axis=1)
             need = np.concatenate([need, pad], axis=1)
         step = FrameWindows(frames[:, -k:], need, np.zeros((n, f, *frames.shape[2:]), np.uint8))
-        responses = generate(model, prompts.encode_windows(step), processor, greedy=True)
+        responses = generate(
+            model,
+            prompts.encode_windows(step),
+            processor,
+            greedy=True,
+            forced=prompts.forced_ids(step),
+        )
         out, ok, _ = processor.decode_frames(responses.tolist(), tokenizer)
         take = min(f, horizon - done)
         frames = np.concatenate([frames, out[:, :take]], axis=1)

@@ -145,7 +145,9 @@ class WorldModelTokensTask(Task):
         if cfg.data.max_response_length != tokens.response_length:
             raise ValueError(
                 f"data.max_response_length={cfg.data.max_response_length}, but every response is "
-                f"{tokens.future} frame(s) x {tokens.layout.tokens_per_frame} tokens = "
+                f"{tokens.future} frame(s) x {tokens.layout.tokens_per_frame} tokens"
+                + (" + the interleaved actions" if tokens.interleaved else "")
+                + f" = {tokens.response_length}: set data.max_response_length="
                 f"{tokens.response_length}"
             )
         return WorldModelPromptProcessor(tokens, tokenizer, cfg.data.max_prompt_length)

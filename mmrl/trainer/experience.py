@@ -12,7 +12,7 @@ from mmrl.errors import ConfigError
 from mmrl.hybrid import WorkerGroup
 from mmrl.processors.base import PromptProcessor
 from mmrl.protocol import Batch
-from mmrl.sampling import SamplingParams
+from mmrl.sampling import FRAME_END_KEY, SamplingParams
 from mmrl.utils.timing import timer
 from mmrl.verifiers import VerifierOutput, VerifierRunner
 
@@ -20,21 +20,45 @@ from mmrl.verifiers import VerifierOutput, VerifierRunner
 def apply_scores(
     batch: Batch, out: VerifierOutput, cfg: RunConfig
 ) -> tuple[Batch, dict[str, float]]:
-    """Place each sample's score on its last valid step (``token_level_scores`` [B, T])."""
+    """Place each sample's score on its last valid step (``token_level_scores`` [B, T]); per-frame
+    scores [B, F] go on each frame's last step (``frame_end_steps`` [B, F])."""
     scores = torch.as_tensor(out.scores, dtype=torch.float32)
     if cfg.reward.overlong_reward == "zero":
-        scores = torch.where(batch["response_clipped"], torch.zeros_like(scores), scores)
+        clipped = batch["response_clipped"].view(-1, *[1] * (scores.ndim - 1))
+        scores = torch.where(clipped, torch.zeros_like(scores), scores)
     elif cfg.reward.overlong_reward != "keep":
         raise ConfigError(
             f"reward.overlong_reward={cfg.reward.overlong_reward!r}: expected 'keep' or 'zero'"
         )
     mask = batch["response_mask"]
-    last = (mask.sum(-1).long() - 1).clamp(min=0)
     token_scores = torch.zeros_like(mask)
-    token_scores[torch.arange(len(batch)), last] = scores
+    if scores.ndim == 2:
+        token_scores.scatter_(1, frame_ends(batch, scores.shape[1]), scores)
+    else:
+        # the last valid step, not mask.sum() - 1: teacher-forced steps are holes in the mask
+        steps = torch.arange(mask.shape[1], device=mask.device)
+        last = torch.where(mask.bool(), steps, 0).max(-1).values
+        token_scores[torch.arange(len(batch)), last] = scores
     batch["token_level_scores"] = token_scores * mask
     batch["valid_mask"] = torch.as_tensor(out.valid)
     return batch, {k: float(np.mean(v)) for k, v in out.metrics.items()}
+
+
+def frame_ends(batch: Batch, frames: int) -> torch.Tensor:
+    """``frame_end_steps`` int64 [B, F], checked against per-frame scores for ``frames`` frames."""
+    if FRAME_END_KEY not in batch:
+        raise ValueError(
+            f"a verifier returned per-frame scores [B, {frames}], but the task's prompts do not "
+            f"mark where frames end ({FRAME_END_KEY}); use a per-sample aggregation (mean, last, "
+            "discounted)"
+        )
+    ends = batch[FRAME_END_KEY].long()
+    if ends.shape[1] != frames:
+        raise ValueError(
+            f"a verifier returned scores for {frames} frames per sample; responses hold "
+            f"{ends.shape[1]}"
+        )
+    return ends
 
 
 def score(

@@ -8,7 +8,8 @@ over a :class:`~mmrl.protocol.Batch` of B decoded samples. What it may read:
   uint8 in [0, 255] or float in [0, 1] (see :mod:`mmrl.verifiers.frames`).
 - ``ground_truth``: non-tensor [B], ``extra_info``: non-tensor [B] dicts, ``uid``: [B].
 
-It returns one score per sample, plus a per-sample valid flag and extra metrics.
+It returns one score per sample, or one per predicted frame ([B, F]: per-frame rewards,
+placed on each frame's last response token), plus a per-sample valid flag and extra metrics.
 An invalid sample's score is not trusted: the algorithm core leaves it out of
 group statistics and of the loss (``valid_mask``).
 """
@@ -32,11 +33,14 @@ class VerifierOutput:
     """What a verifier returns for a batch of B samples.
 
     Attributes:
-        scores: float64 [B].
+        scores: float64 [B], or [B, F] with one score per predicted frame (the trainer places
+            frame t's score on that frame's last response token; needs the batch field
+            ``frame_end_steps`` [B, F], which the world-model processors set).
         valid: bool [B]; False marks a sample the verifier could not score.
         metrics: extra named values, each a float or a float array [B].
         verifier_scores: the runner's combined output only: each verifier's own scores
-            float64 [B] (0 where it failed), by metric name; validation reports them @N.
+            float64 [B] (0 where it failed; per-frame scores summed over frames), by metric
+            name; validation reports them @N.
     """
 
     scores: np.ndarray
@@ -121,14 +125,17 @@ def check_output(name: str, result: Any, n: int) -> tuple[VerifierOutput, np.nda
     """Normalise a verifier's return value; also return which samples had a NaN/inf score.
 
     Returns ``(output, nonfinite [B] bool)``. In ``output`` a non-finite score is 0 and
-    its sample invalid. Raises VerifierOutputError unless there is exactly one score per sample.
+    its sample invalid. Raises VerifierOutputError unless there is exactly one score per sample
+    (scores [B]) or one row of per-frame scores per sample ([B, F]).
     """
     if isinstance(result, VerifierOutput):
         scores, valid, metrics = result.scores, result.valid, dict(result.metrics)
     else:
         scores, valid, metrics = result, np.ones(n, dtype=bool), {}
     try:
-        scores = np.asarray(_to_numpy(scores), dtype=np.float64).reshape(-1)
+        scores = np.asarray(_to_numpy(scores), dtype=np.float64)
+        if scores.ndim != 2 or scores.shape[0] != n:  # [B, F] stays per-frame
+            scores = scores.reshape(-1)
         valid = np.asarray(_to_numpy(valid), dtype=bool).reshape(-1)
     except (TypeError, ValueError) as err:
         raise VerifierOutputError(
@@ -140,15 +147,21 @@ def check_output(name: str, result: Any, n: int) -> tuple[VerifierOutput, np.nda
             f"verifier {name!r} returned {scores.shape[0]} scores and {valid.shape[0]} valid "
             f"flags for a batch of {n} samples; it must return exactly one per sample"
         )
-    nonfinite = valid & ~np.isfinite(scores)
+    finite = np.isfinite(scores) if scores.ndim == 1 else np.isfinite(scores).all(1)
+    nonfinite = valid & ~finite
     valid = valid & ~nonfinite
-    out = VerifierOutput(np.where(valid, scores, 0.0), valid, metrics)
+    out = VerifierOutput(np.where(row_mask(valid, scores), scores, 0.0), valid, metrics)
     return out, nonfinite
 
 
 def as_output(name: str, result: Any, n: int) -> VerifierOutput:
     """Normalise a verifier's return value; non-finite scores mark the sample invalid."""
     return check_output(name, result, n)[0]
+
+
+def row_mask(valid: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """``valid [B]`` shaped to broadcast against ``scores`` [B] or [B, F]."""
+    return valid if scores.ndim == 1 else valid[:, None]
 
 
 def _to_numpy(x: Any) -> Any:
@@ -167,6 +180,7 @@ __all__ = [
     "as_output",
     "check_output",
     "register_verifier",
+    "row_mask",
     "run_options",
     "verifier",
 ]

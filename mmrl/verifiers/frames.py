@@ -6,7 +6,9 @@ F = 1). Either uint8 in [0, 255] or floating point in [0, 1]. Verifiers call
 :func:`frame_pairs`, which converts both to float32 in [0, 1] on the tensor's device
 (uint8 / 255; floats are clamped into [0, 1], which absorbs a decoder's small
 overshoot). Frame metrics score each of the F frames and then reduce them to one
-score per sample with :func:`aggregate_frames`.
+score per sample with :func:`aggregate_frames`, or keep one score per frame
+(``aggregate=per_frame``: scores [B, F], which the trainer places on each frame's last
+response token, so GAE/REINFORCE++ see each reward where its frame ends).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch import Tensor
 from mmrl.protocol import Batch
 from mmrl.verifiers.base import VerifierOutput
 
-AGGREGATIONS = ("mean", "last", "discounted")
+AGGREGATIONS = ("mean", "last", "discounted", "per_frame")
 PRED_KEY, GT_KEY = "pred_frames", "gt_frames"
 
 
@@ -70,9 +72,12 @@ def aggregate_frames(values: Tensor, how: str = "mean", gamma: float = 0.9) -> T
     ``mean``: the average over frames. ``last``: the final frame only.
     ``discounted``: ``sum_t gamma^t v_t / sum_t gamma^t`` (t = 0 is the first predicted
     frame), a weighted mean that trusts near-term frames more; gamma = 1 is ``mean``.
+    ``per_frame``: no reduction, [B, F] (F = 1 gives [B]): per-frame rewards.
     """
     if values.ndim != 2:
         raise ValueError(f"per-frame values must be [B, F], found {list(values.shape)}")
+    if how == "per_frame":
+        return values[:, 0] if values.shape[1] == 1 else values
     if how == "mean":
         return values.mean(dim=1)
     if how == "last":
@@ -96,7 +101,8 @@ def score_frames(
 
     per_frame: ``(pred [N, 3, H, W], gt [N, 3, H, W]) -> [N]``, both float in [0, 1];
     called on at most ``chunk_frames`` frames at a time to bound memory.
-    Returns scores [B] and the metrics ``first_frame`` / ``last_frame`` [B].
+    Returns scores [B] ([B, F] for ``aggregate=per_frame`` and F > 1) and the metrics
+    ``first_frame`` / ``last_frame`` [B].
     """
     pred, gt = frame_pairs(batch)
     b, f = pred.shape[:2]

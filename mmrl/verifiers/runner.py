@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from mmrl.protocol import Batch
-from mmrl.verifiers.base import VerifierOutput, VerifierOutputError, check_output
+from mmrl.verifiers.base import VerifierOutput, VerifierOutputError, check_output, row_mask
 from mmrl.verifiers.pool import Call, CallResult, ProcessPool, RayPool
 from mmrl.verifiers.spec import BoundVerifier, bind_all, spec_key
 
@@ -61,6 +61,13 @@ class _Scores:
         self.duration_s = 0.0
 
     def set(self, rows: np.ndarray, out: VerifierOutput, nonfinite: np.ndarray) -> None:
+        if out.scores.ndim == 2 and self.scores.ndim == 1:  # per-frame scores [n, F]
+            self.scores = np.zeros((len(self.scores), out.scores.shape[1]))
+        if out.scores.ndim != self.scores.ndim or out.scores.shape[1:] != self.scores.shape[1:]:
+            raise VerifierOutputError(
+                f"a verifier returned scores {list(out.scores.shape)} for {len(rows)} rows "
+                f"after {list(self.scores.shape[1:])} per sample for others of the same batch"
+            )
         self.scores[rows], self.valid[rows] = out.scores, out.valid
         if nonfinite.any():
             self.fail(rows[nonfinite], "nonfinite", "score is NaN or inf")
@@ -251,11 +258,20 @@ class VerifierRunner:
     # ----- results ----------------------------------------------------------------------
 
     def _combine(self, results: dict[str, _Scores], n: int) -> VerifierOutput:
-        total, valid = np.zeros(n), np.ones(n, dtype=bool)
+        """Weighted sum of the verifiers' scores: [n], or [n, F] when any is per-frame (a
+        per-sample score then counts on the last frame, where a sequence reward sits)."""
+        frames = {r.scores.shape[1] for r in results.values() if r.scores.ndim == 2}
+        if len(frames) > 1:
+            raise VerifierOutputError(f"verifiers returned per-frame scores for {frames} frames")
+        total = np.zeros((n, *frames))
+        valid = np.ones(n, dtype=bool)
         metrics: dict[str, float] = {}
         for v in self.verifiers:
             res = results[v.name]
-            total += v.weight * res.scores
+            if total.ndim == 2 and res.scores.ndim == 1:
+                total[:, -1] += v.weight * res.scores
+            else:
+                total += v.weight * res.scores
             if v.weight != 0.0:
                 valid &= res.valid
             prefix = f"reward/{v.name}"
@@ -278,10 +294,13 @@ class VerifierRunner:
             metrics[f"timing_s/reward/{v.name}"] = res.duration_s
         metrics["reward/invalid_rate"] = 1.0 - np.count_nonzero(valid) / n if n else 0.0
         return VerifierOutput(
-            scores=np.where(valid, total, 0.0),
+            scores=np.where(row_mask(valid, total), total, 0.0),
             valid=valid,
             metrics=metrics,
-            verifier_scores={v.name: results[v.name].scores.copy() for v in self.verifiers},
+            # per-sample, as validation reports them: per-frame scores summed over frames
+            verifier_scores={
+                v.name: results[v.name].scores.reshape(n, -1).sum(1) for v in self.verifiers
+            },
         )
 
     def _log_errors(self, results: dict[str, _Scores], batch: Batch) -> None:

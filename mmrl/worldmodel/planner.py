@@ -97,11 +97,14 @@ class TokenPredictor:
         from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
 
         n, k = context_frames.shape[:2]
-        proc = TokenWorldModelProcessor(self.processor.layout, k, actions.shape[1] - k + 1)
+        proc = TokenWorldModelProcessor(
+            self.processor.layout, k, actions.shape[1] - k + 1, self.processor.action_form
+        )
         codes = self.tokenizer.encode(context_frames.reshape(-1, *context_frames.shape[2:]))
         codes = codes.reshape(n, k, *codes.shape[1:])
         prompts = torch.tensor([proc.build_prompt(codes[i], actions[i]) for i in range(n)])
-        responses = greedy_responses(self.model, prompts, proc)
+        forced = torch.from_numpy(np.stack([proc.forced_response(a) for a in actions]))
+        responses = greedy_responses(self.model, prompts, proc, forced)
         frames, _, _ = proc.decode_frames(responses.tolist(), self.tokenizer)
         return frames
 

@@ -108,39 +108,51 @@ class PretrainResult:
 
 @torch.no_grad()
 def response_loss(
-    model: PreTrainedModel, input_ids: torch.Tensor, response_length: int, batch_size: int = 64
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    processor: TokenWorldModelProcessor,
+    batch_size: int = 64,
 ) -> float:
-    """Mean next-token cross-entropy over the response tokens only (nats per token)."""
+    """Mean next-token cross-entropy over the response's visual tokens only (nats per token;
+    an interleaved response's forced actions are not predictions)."""
     model.eval()
+    steps = torch.from_numpy(processor.response_visual_mask())
+    length = len(steps)
     total = 0.0
     for s in range(0, len(input_ids), batch_size):
         ids = input_ids[s : s + batch_size]
-        logits = model(input_ids=ids).logits[:, -response_length - 1 : -1]
-        target = ids[:, -response_length:]
+        logits = model(input_ids=ids).logits[:, -length - 1 : -1][:, steps]
+        target = ids[:, -length:][:, steps]
         total += torch.nn.functional.cross_entropy(
             logits.flatten(0, 1), target.flatten(), reduction="sum"
         ).item()
     model.train()
-    return total / (len(input_ids) * response_length)
+    return total / (len(input_ids) * int(steps.sum()))
 
 
 @torch.no_grad()
 def greedy_responses(
-    model: PreTrainedModel, prompts: torch.Tensor, processor: TokenWorldModelProcessor
+    model: PreTrainedModel,
+    prompts: torch.Tensor,
+    processor: TokenWorldModelProcessor,
+    forced: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Greedy responses ``[B, F*h*w]`` constrained to visual tokens (all prompts have one
-    length)."""
+    """Greedy responses ``[B, response_length]`` constrained to visual tokens (all prompts have
+    one length); ``forced int64 [B, response_length]`` (interleaved: the actions, ``FREE``
+    elsewhere) is written where it is not ``FREE``."""
     allowed = torch.zeros(model.config.vocab_size, dtype=torch.bool)
     allowed[processor.allowed_token_ids()] = True
     model.eval()
     ids = prompts
     past = None
     out = []
-    for _ in range(processor.response_length):
+    for step in range(processor.response_length):
         result = model(input_ids=ids, past_key_values=past, use_cache=True)
         past = result.past_key_values
         logits = result.logits[:, -1].masked_fill(~allowed, float("-inf"))
         ids = logits.argmax(-1, keepdim=True)
+        if forced is not None:
+            ids = torch.where(forced[:, step : step + 1] >= 0, forced[:, step : step + 1], ids)
         out.append(ids)
     model.train()
     return torch.cat(out, dim=1)
@@ -162,7 +174,9 @@ def pretrain_token_world_model(cfg: PretrainConfig) -> PretrainResult:
     )
     action = TrajectoryDataset(train_dir).info.action
     layout = VocabLayout(tok.codebook_size, tok.grid, action, cfg.action_bins)
-    processor = TokenWorldModelProcessor(layout, cfg.data.context, cfg.data.future)
+    processor = TokenWorldModelProcessor(
+        layout, cfg.data.context, cfg.data.future, cfg.data.action_form
+    )
     train_ids, train_labels = encode_sequences(train_dir, tok, processor)
     val_ids, _ = encode_sequences(val_dir, tok, processor)
     val_ids = val_ids[
@@ -248,7 +262,7 @@ def _train_loop(
         if step % t.val_every and step != t.steps:
             bar.set_postfix(loss=f"{loss.item():.3f}")
             continue
-        val = response_loss(model, val_ids, processor.response_length)
+        val = response_loss(model, val_ids, processor)
         history.append({"step": step, "train/loss": loss.item(), "val/loss": val})
         metrics_file.write(json.dumps(history[-1]) + "\n")
         metrics_file.flush()
@@ -289,8 +303,9 @@ def evaluate_greedy(
     prompts = torch.tensor(
         [processor.build_prompt(tok.encode(w.context), w.actions) for w in items]
     )
+    forced = torch.from_numpy(np.stack([processor.forced_response(w.actions) for w in items]))
     frames, valid, _ = processor.decode_frames(
-        greedy_responses(model, prompts, processor).tolist(), tok
+        greedy_responses(model, prompts, processor, forced).tolist(), tok
     )
     shape = (-1, *frames.shape[2:])
     truth = np.stack([w.future for w in items]).reshape(shape)

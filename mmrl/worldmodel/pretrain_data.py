@@ -37,6 +37,9 @@ class DataSection:
     length: int = 16
     context: int = 2
     future: int = 1
+    # "prompt": all K+F-1 actions in the prompt. "interleaved": the response is
+    # v(f_K) <action> A(a_K) <frame> v(f_K+1) ..., the actions teacher-forced (never learned).
+    action_form: str = "prompt"
     # Recorded videos instead of an environment (see VideoSplit and VideoOptions).
     videos: str | None = None
     val_videos: str | None = None
@@ -88,8 +91,8 @@ def encode_sequences(
     """Every window of a dataset as ``input_ids [M, L]`` and ``labels [M, L]`` (all windows have
     length L).
 
-    Labels are the response and the visual ids of context frames after the first;
-    everything else is -100.
+    Labels are the response's visual ids and the visual ids of context frames after the first;
+    everything else (actions, markers, an interleaved response's forced actions) is -100.
     """
     data = TrajectoryDataset(dataset_dir)
     k, f = processor.context, processor.future
@@ -98,10 +101,11 @@ def encode_sequences(
         traj = data.trajectory(i)
         codes = tokenizer.encode(traj.frames)
         for s in range(len(codes) - k - f + 1):
-            prompt = processor.build_prompt(codes[s : s + k], traj.actions[s : s + k + f - 1])
-            response = processor.build_response(codes[s + k : s + k + f])
+            actions = traj.actions[s : s + k + f - 1]
+            prompt = processor.build_prompt(codes[s : s + k], actions)
+            response = processor.build_response(codes[s + k : s + k + f], actions)
             ids = np.array(prompt + response)
-            learn = np.concatenate([processor.label_mask(prompt), np.ones(len(response), bool)])
+            learn = np.concatenate([processor.label_mask(prompt), processor.response_visual_mask()])
             rows.append(ids)
             labels.append(np.where(learn, ids, IGNORE))
     if not rows:

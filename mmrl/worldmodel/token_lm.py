@@ -1,16 +1,27 @@
 """The token world model: a causal LM over visual and action tokens, and its processor.
 
-A prompt holds K context frames and the K+F-1 actions up to the last predicted
-frame; the response is the F future frames' visual tokens, nothing else::
+Two layouts (``action_form``). ``prompt``: the prompt holds K context frames and the
+K+F-1 actions up to the last predicted frame; the response is the F future frames'
+visual tokens, nothing else::
 
     <bos> <frame> v(f0) <action> A(a0) <frame> v(f1) ... <frame> v(f[K-1])
           <action> A(a[K-1]) ... <action> A(a[K+F-2]) <frame>          (prompt)
     v(f[K]) v(f[K+1]) ... v(f[K+F-1])                                    (response)
 
+``interleaved`` (RLVR-World's multi-step form): the prompt stops at the action that leads
+to the first predicted frame, and the known actions between predicted frames are part of
+the response, written by the rollout engine (teacher-forced), not sampled::
+
+    <bos> <frame> v(f0) <action> A(a0) ... <frame> v(f[K-1]) <action> A(a[K-1]) <frame>
+    v(f[K]) <action> A(a[K]) <frame> v(f[K+1]) ... <frame> v(f[K+F-1])
+
+so each frame is conditioned on the action that leads to it. The forced tokens carry no
+log-prob and no loss (:meth:`TokenWorldModelProcessor.forced_response`).
+
 ``v(f)`` is a frame's ``h*w`` visual ids in row-major order and ``A(a)`` one id
 per action dimension (see :mod:`mmrl.worldmodel.vocab`). Every response has
-exactly ``F * tokens_per_frame`` tokens; generation is constrained to
-:meth:`TokenWorldModelProcessor.allowed_token_ids`. The model is a transformers
+exactly :attr:`TokenWorldModelProcessor.response_length` tokens; sampled steps are
+constrained to :meth:`TokenWorldModelProcessor.allowed_token_ids`. The model is a transformers
 ``Qwen2ForCausalLM`` built from config (untied embeddings, head_dim >= 64), so the
 transformers and vLLM engines can both serve it.
 """
@@ -29,6 +40,8 @@ from mmrl.worldmodel.vocab import ACTION, BOS, EOS, FRAME, PAD, VocabLayout, bui
 
 PROCESSOR_FILE = "worldmodel_processor.json"
 MIN_HEAD_DIM = 64  # vLLM's CPU attention kernel refused smaller heads
+ACTION_FORMS = ("prompt", "interleaved")
+FREE = -1  # a response step the engine samples (in forced_response)
 
 
 @dataclass
@@ -55,20 +68,47 @@ class DecodedResponse:
 class TokenWorldModelProcessor:
     """Builds prompt and response ids for K context frames and F future frames."""
 
-    def __init__(self, layout: VocabLayout, context: int, future: int = 1) -> None:
+    def __init__(
+        self, layout: VocabLayout, context: int, future: int = 1, action_form: str = "prompt"
+    ) -> None:
         if context < 1 or future < 1:
             raise ValueError(f"need context >= 1 and future >= 1 frames, found {context}, {future}")
+        if action_form not in ACTION_FORMS:
+            raise ValueError(f"action_form={action_form!r}; expected one of {list(ACTION_FORMS)}")
         self.layout, self.context, self.future = layout, context, future
+        self.action_form = action_form
+
+    @property
+    def interleaved(self) -> bool:
+        return self.action_form == "interleaved"
+
+    @property
+    def prompt_actions(self) -> int:
+        """How many actions the prompt holds: K (interleaved) or all K+F-1."""
+        return self.context if self.interleaved else self.context + self.future - 1
 
     @property
     def prompt_length(self) -> int:
         tpf, tpa = self.layout.tokens_per_frame, self.layout.tokens_per_action
-        n_actions = self.context + self.future - 1
-        return 1 + self.context * (1 + tpf) + n_actions * (1 + tpa) + 1
+        return 1 + self.context * (1 + tpf) + self.prompt_actions * (1 + tpa) + 1
 
     @property
     def response_length(self) -> int:
-        return self.future * self.layout.tokens_per_frame
+        forced = (self.future - 1) * (2 + self.layout.tokens_per_action) if self.interleaved else 0
+        return self.future * self.layout.tokens_per_frame + forced
+
+    def response_visual_mask(self) -> np.ndarray:
+        """bool [response_length]: the response steps that hold visual tokens (sampled)."""
+        tpf, tpa = self.layout.tokens_per_frame, self.layout.tokens_per_action
+        gap = 2 + tpa if self.interleaved else 0
+        frame = np.r_[np.ones(tpf, bool), np.zeros(gap, bool)]
+        return np.tile(frame, self.future)[: self.response_length]
+
+    def frame_end_steps(self) -> np.ndarray:
+        """int [F]: the response step of each predicted frame's last visual token."""
+        return np.nonzero(self.response_visual_mask())[0][
+            self.layout.tokens_per_frame - 1 :: self.layout.tokens_per_frame
+        ]
 
     def allowed_token_ids(self) -> list[int]:
         """The visual ids: the only ids a response may contain."""
@@ -79,6 +119,7 @@ class TokenWorldModelProcessor:
         A]``.
         """
         k, n_actions = self.context, self.context + self.future - 1
+        n_prompt = self.prompt_actions
         context_codes, actions = np.asarray(context_codes), np.asarray(actions)
         if context_codes.ndim != 3 or len(context_codes) != k:
             raise ValueError(
@@ -96,20 +137,47 @@ class TokenWorldModelProcessor:
             ids += [FRAME, *frames[t].tolist()]
             if t < k - 1:
                 ids += [ACTION, *acts[t].tolist()]
-        for t in range(k - 1, n_actions):
+        for t in range(k - 1, n_prompt):
             ids += [ACTION, *acts[t].tolist()]
         ids.append(FRAME)
         return ids
 
-    def build_response(self, future_codes: np.ndarray) -> list[int]:
-        """Response ids from ``future_codes int [F, h, w]``."""
+    def build_response(
+        self, future_codes: np.ndarray, actions: np.ndarray | None = None
+    ) -> list[int]:
+        """Response ids from ``future_codes int [F, h, w]`` (and, interleaved, the window's
+        ``actions [K+F-1, A]``, whose last F-1 sit between the frames)."""
         future_codes = np.asarray(future_codes)
         if future_codes.ndim != 3 or len(future_codes) != self.future:
             raise ValueError(
                 f"expected {self.future} future frames of codes [F, h, w], found "
                 f"{list(future_codes.shape)}"
             )
-        return self.layout.codes_to_ids(future_codes).reshape(-1).tolist()
+        ids = self.layout.codes_to_ids(future_codes).reshape(self.future, -1)
+        if not self.interleaved:
+            return ids.reshape(-1).tolist()
+        forced = self.forced_response(actions)
+        forced[self.response_visual_mask()] = ids.reshape(-1)
+        return forced.tolist()
+
+    def forced_response(self, actions: np.ndarray) -> np.ndarray:
+        """int64 [response_length]: the token the engine writes at each response step, ``FREE``
+        (-1) where it samples. Interleaved: ``<action> A(a) <frame>`` between predicted frames,
+        from the window's ``actions [K+F-1, A]``; all ``FREE`` in the prompt form."""
+        forced = np.full(self.response_length, FREE, dtype=np.int64)
+        if not self.interleaved:
+            return forced
+        actions = np.asarray(actions)
+        n_actions = self.context + self.future - 1
+        if actions.ndim != 2 or len(actions) != n_actions:
+            raise ValueError(
+                f"expected {n_actions} actions [K+F-1, A], found {list(actions.shape)}"
+            )
+        acts = self.layout.action_to_ids(actions[self.context :])
+        gaps = np.nonzero(~self.response_visual_mask())[0].reshape(self.future - 1, -1)
+        for gap, act in zip(gaps, acts, strict=True):
+            forced[gap] = [ACTION, *act.tolist(), FRAME]
+        return forced
 
     def label_mask(self, prompt: list[int]) -> np.ndarray:
         """bool [len(prompt)]: the visual ids of context frames after the first.
@@ -131,16 +199,22 @@ class TokenWorldModelProcessor:
             end -= 1
         ids = ids[:end]
         if len(ids) != self.response_length:
-            return DecodedResponse(
-                None,
-                False,
-                f"expected {self.response_length} visual tokens "
-                f"({self.future} x {self.layout.tokens_per_frame}), found {len(ids)}",
+            what = (
+                "response tokens (visual and forced actions)"
+                if self.interleaved
+                else (f"visual tokens ({self.future} x {self.layout.tokens_per_frame})")
             )
+            return DecodedResponse(
+                None, False, f"expected {self.response_length} {what}, found {len(ids)}"
+            )
+        steps = np.nonzero(self.response_visual_mask())[0]
+        ids = ids[steps]
         bad = np.nonzero((ids < self.layout.visual_offset) | (ids >= self.layout.action_offset))[0]
         if len(bad):
             return DecodedResponse(
-                None, False, f"token {int(ids[bad[0]])} at position {int(bad[0])} is not visual"
+                None,
+                False,
+                f"token {int(ids[bad[0]])} at position {int(steps[bad[0]])} is not visual",
             )
         codes = (ids - self.layout.visual_offset).reshape(self.future, *self.layout.grid)
         return DecodedResponse(codes, True)
@@ -197,11 +271,21 @@ class TokenWorldModelProcessor:
             )
 
     def to_json(self) -> dict:
-        return {"context": self.context, "future": self.future, "layout": self.layout.to_json()}
+        return {
+            "context": self.context,
+            "future": self.future,
+            "action_form": self.action_form,
+            "layout": self.layout.to_json(),
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> TokenWorldModelProcessor:
-        return cls(VocabLayout.from_json(data["layout"]), data["context"], data["future"])
+        return cls(
+            VocabLayout.from_json(data["layout"]),
+            data["context"],
+            data["future"],
+            data.get("action_form", "prompt"),  # files written before the interleaved form
+        )
 
 
 def build_token_world_model(
