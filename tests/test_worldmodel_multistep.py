@@ -197,6 +197,7 @@ def test_runner_sums_per_frame_and_per_sample_scores_on_the_last_frame():
     assert out.scores.shape == (4, 3) and out.valid.all()
     np.testing.assert_allclose(out.scores[:, :2], psnr[:, :2])
     np.testing.assert_allclose(out.scores[:, 2], psnr[:, 2] - 10.0 * mae)
+    np.testing.assert_allclose(out.verifier_scores["psnr"], psnr.sum(1))  # per sample, for @N
     flat = VerifierRunner([{"name": "psnr"}, {"name": "mae", "weight": -10.0}]).run(batch)
     assert flat.scores.shape == (4,)  # [B] verifiers alone: unchanged
 

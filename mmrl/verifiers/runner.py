@@ -298,9 +298,7 @@ class VerifierRunner:
             valid=valid,
             metrics=metrics,
             # per-sample, as validation reports them: per-frame scores summed over frames
-            verifier_scores={
-                v.name: results[v.name].scores.reshape(n, -1).sum(1) for v in self.verifiers
-            },
+            verifier_scores={v.name: per_sample(results[v.name].scores) for v in self.verifiers},
         )
 
     def _log_errors(self, results: dict[str, _Scores], batch: Batch) -> None:
@@ -321,6 +319,11 @@ class VerifierRunner:
         if (name, kind) not in self._logged:
             self._logged.add((name, kind))
             log.warning(message)
+
+
+def per_sample(scores: np.ndarray) -> np.ndarray:
+    """Scores [B] as they are (a copy); per-frame scores [B, F] summed over frames."""
+    return scores.copy() if scores.ndim == 1 else scores.sum(1)
 
 
 def _describe(err: BaseException) -> str:
