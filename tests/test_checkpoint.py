@@ -29,6 +29,7 @@ from mmrl.hybrid.state import (
 from mmrl.protocol import Batch
 from mmrl.trainer import checkpoint as ckpt
 from mmrl.trainer.fit import PromptLoader, fit
+from mmrl.trainer.preflight import find_problems
 from mmrl.trainer.resume import check_config
 from mmrl.trainer.tracking import Tracker
 from tests.conftest import run_overrides
@@ -215,3 +216,13 @@ def test_a_resumed_run_continues_exactly(tmp_path, warm_model_dir):
 
 def ckpt_lines(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_path_problems_are_found_before_any_work(tmp_path):
+    cfg = load_config(["trainer.resume_mode=resume_path"], validate=False)
+    assert any("set trainer.resume_from_path=" in p for p in find_problems(cfg))
+    missing = tmp_path / "global_step_3"
+    cfg = load_config(
+        ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={missing}"], validate=False
+    )
+    assert f"trainer.resume_from_path={missing}: does not exist" in find_problems(cfg)

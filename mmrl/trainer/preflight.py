@@ -159,9 +159,22 @@ def _runs_on_cpu(cfg: RunConfig) -> bool:
     return not torch.cuda.is_available()
 
 
+def resume_problems(cfg: RunConfig) -> list[str]:
+    """``trainer.resume_mode=resume_path`` needs a path to resume from."""
+    t = cfg.trainer
+    if t.resume_mode != "resume_path":
+        return []
+    if not t.resume_from_path:
+        return ["trainer.resume_mode=resume_path: set trainer.resume_from_path=<run>/global_step_N"]
+    if not Path(t.resume_from_path).is_dir():
+        return [f"trainer.resume_from_path={t.resume_from_path}: does not exist"]
+    return []
+
+
 def find_problems(cfg: RunConfig) -> list[str]:
     """Every problem of ``cfg`` that can be found without loading models or data."""
     problems = field_problems(cfg) + registry_problems(cfg) + verifier_problems(cfg)
+    problems += resume_problems(cfg)
     found, settings = task_problems(cfg)
     return problems + found + model_problems(cfg, settings)
 
