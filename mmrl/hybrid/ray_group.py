@@ -183,9 +183,8 @@ class RayWorkerGroup(WorkerGroup):
         cause = getattr(err, "cause", None)
         if isinstance(cause, MMRLError):
             return cause.at(f"rank {rank} of {self.world_size}{step}")
-        first_line = str(cause or err).strip().splitlines()[0] if str(cause or err).strip() else ""
         return WorkerError(
-            f"{message}; the group is stopped. Cause: {err}", rank, f"{how}: {first_line[:300]}"
+            f"{message}; the group is stopped. Cause: {err}", rank, f"{how}: {exit_reason(err)}"
         )
 
     def shutdown(self) -> None:
@@ -194,3 +193,12 @@ class RayWorkerGroup(WorkerGroup):
             ray.kill(host)
         self.pool.release()
         self.stopped = self.stopped or "shut down"
+
+
+def exit_reason(err: RayError) -> str:
+    """The lines of Ray's error that say why the worker ended (its exit type and detail, e.g.
+    killed by a signal or out of memory), else its first line; at most 300 characters."""
+    lines = [line.strip() for line in str(getattr(err, "cause", None) or err).splitlines()]
+    lines = [line for line in lines if line]
+    exit_lines = [line for line in lines if "exit" in line.lower() or "killed" in line.lower()]
+    return " ".join(exit_lines or lines[:1])[:300]
