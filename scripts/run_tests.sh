@@ -11,6 +11,14 @@ case "$tier" in
     bench) marks="bench"; timeout=14400 ;;
     *) echo "unknown tier $tier (default|slow|bench)"; exit 2 ;;
 esac
+# The slow tier renders the run report in headless Chromium (tests/test_report_browser.py).
+# Install Debian's package when it is missing; if that fails the test fails and says so.
+if [[ "$tier" == slow ]] && ! command -v chromium >/dev/null; then
+    echo "[tests] installing chromium (apt-get) for the report's browser test"
+    sudo_cmd=(); [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo -n)
+    { "${sudo_cmd[@]}" apt-get update -qq && "${sudo_cmd[@]}" apt-get install -y -qq chromium; } \
+        || echo "[tests] could not install chromium; the browser test will fail"
+fi
 # pytest exits 5 when a tier selects no tests: that is a failure (a tier that runs nothing
 # proves nothing), so the exit status is passed through unchanged.
 exec .venv/bin/python -m pytest -m "$marks" --timeout="$timeout" -q -ra --durations=10 "${@:2}"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmrl.config.doctor import DoctorConfig
 from mmrl.config.fields import AGG_MODES, each_one_of, one_of, ranged, registry_name
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -361,6 +362,8 @@ class TrainerConfig:
     skip_zero_variance_updates: bool = False
     """Leave groups whose valid samples all scored the same out of the update; verl keeps them
     (their advantages are 0, but the KL loss still applies). docs/algorithms.md."""
+    doctor: DoctorConfig = field(default_factory=DoctorConfig)
+    """The run doctor's thresholds (mmrl doctor RUN_DIR, and its warnings during training)."""
 
 
 @dataclass

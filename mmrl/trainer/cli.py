@@ -1,5 +1,6 @@
 """The ``mmrl`` command line: ``mmrl train [hydra overrides...]``, ``mmrl pretrain-worldmodel
-...``, ``mmrl eval ...`` (any checkpoint: world models on trajectories, VLMs on parquet).
+...``, ``mmrl eval ...`` (any checkpoint: world models on trajectories, VLMs on parquet),
+``mmrl report RUN_DIR`` (the run's HTML report) and ``mmrl doctor RUN_DIR`` (what is wrong).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import sys
 
 from mmrl.config import RunConfig, load_config
 from mmrl.errors import MMRLError
+from mmrl.trainer.doctor import STAGES, diagnose
+from mmrl.trainer.report import doctor_config, load_run, write_report
 
 DEBUG_ENV = "MMRL_DEBUG"
 
@@ -93,6 +96,28 @@ def evaluate_vlm(argv: list[str]) -> int:
     return eval_vlm.main(parser.parse_args(argv))
 
 
+def report(run_dir: str) -> int:
+    """Rebuild ``<run_dir>/report.html`` from what the run folder holds."""
+    print(f"report: {write_report(run_dir)}")
+    return 0
+
+
+def doctor(run_dir: str, overrides: list[str]) -> int:
+    """Print the doctor's findings in data-flow order; 0 when there is none, else 1."""
+    record = load_run(run_dir)
+    findings = diagnose(record.history, doctor_config(record, overrides), record.worldmodel_eval)
+    steps = sum(1 for row in record.history if row.get("step", 0) >= 1)
+    status = "finished" if record.summary else "did not finish"
+    print(f"mmrl doctor: {record.run_dir} ({steps} RL steps logged, {status})")
+    print(f"checks in data-flow order: {', '.join(STAGES)}")
+    if not findings:
+        print("no problem found")
+        return 0
+    for i, finding in enumerate(findings, 1):
+        print(f"{i}. {finding.line()}")
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. An expected error (:class:`~mmrl.errors.MMRLError`) prints in one or two
     lines and returns 1; with ``--debug`` or ``MMRL_DEBUG=1`` it raises with its traceback. Any
@@ -157,12 +182,27 @@ def run(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    p_report = sub.add_parser(
+        "report", help="(re)write RUN_DIR/report.html, one self-contained page about the run"
+    )
+    p_report.add_argument("run_dir", help="a run's trainer.output_dir (also a crashed run)")
+    p_doctor = sub.add_parser(
+        "doctor", help="what is likely wrong with a run, in data-flow order (exit 1 if anything)"
+    )
+    p_doctor.add_argument("run_dir", help="a run's trainer.output_dir")
+    p_doctor.add_argument(
+        "overrides", nargs="*", help="thresholds, e.g. trainer.doctor.kl_spike_factor=5"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train":
         return train(args.overrides, args.config_name, dry_run)
     if args.command == "pretrain-worldmodel":
         return pretrain_worldmodel(args.overrides)
+    if args.command == "report":
+        return report(args.run_dir)
+    if args.command == "doctor":
+        return doctor(args.run_dir, args.overrides)
     return 2
 
 

@@ -12,10 +12,12 @@ import time
 import warnings
 from contextlib import closing
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from mmrl import algos
@@ -27,6 +29,7 @@ from mmrl.protocol import Batch
 from mmrl.tasks import Task, get_task
 from mmrl.trainer import resume
 from mmrl.trainer.checkpoint import checkpoint_step, kill_point
+from mmrl.trainer.doctor import LiveDoctor
 from mmrl.trainer.experience import (
     make_experience,
     needs_critic,
@@ -37,6 +40,8 @@ from mmrl.trainer.faults import FaultRecovery, kill_worker_point
 from mmrl.trainer.guard import InvalidRateMonitor, batch_for_update
 from mmrl.trainer.metrics import compute_data_metrics, memory_metrics
 from mmrl.trainer.preflight import preflight
+from mmrl.trainer.report import CONFIG_FILE, METRICS_FILE, write_report
+from mmrl.trainer.samples import SampleLog
 from mmrl.trainer.tracking import Tracker
 from mmrl.trainer.validation import build_val_runner, validate_all
 from mmrl.utils.resources import process_tree_stats
@@ -147,7 +152,29 @@ def rl_step(
 
 
 def fit(cfg: RunConfig) -> RunResult:
-    """Run RL training as configured and return the logged history."""
+    """Run RL training as configured and return the logged history.
+
+    However the run ends, ``<output_dir>/report.html`` is written last (a crashed run's report
+    says why it stopped).
+    """
+    trackers: list[Tracker] = []  # train() puts its tracker here, for the report
+    error = None
+    try:
+        return train(cfg, trackers)
+    except BaseException as err:
+        error = f"{type(err).__name__}: {err}"
+        raise
+    finally:
+        history = trackers[0].history if trackers else None
+        if history is not None or (cfg.output_dir / METRICS_FILE).is_file():
+            try:
+                write_report(cfg.output_dir, history, error, cfg.trainer.doctor)
+            except Exception:  # the report never hides the run's own outcome
+                log.exception("could not write %s", cfg.output_dir / "report.html")
+
+
+def train(cfg: RunConfig, trackers: list[Tracker]) -> RunResult:
+    """The body of :func:`fit`; appends its tracker to ``trackers`` once it has one."""
     start = time.perf_counter()
     set_seed(cfg.trainer.seed)
     algo, rollout = cfg.algorithm, cfg.actor_rollout_ref.rollout
@@ -162,6 +189,7 @@ def fit(cfg: RunConfig) -> RunResult:
         )
     task = get_task(cfg.task.get("name", ""))(cfg.task)
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.output_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     resume_from = resume.find_checkpoint(cfg)  # a refused config fails here, before any work
     resume_step = checkpoint_step(resume_from) if resume_from is not None else None
     model_path, init_metrics = prepare_initial_model(cfg, task)
@@ -182,7 +210,14 @@ def fit(cfg: RunConfig) -> RunResult:
         dataclasses.asdict(cfg),
         resume_step,
     )
+    trackers.append(tracker)
     monitor = InvalidRateMonitor(cfg.trainer.max_invalid_rate, cfg.trainer.invalid_rate_patience)
+    doctor = LiveDoctor(cfg.trainer.doctor)
+    # A VLM's images line up with the validation prompts only when none was filtered out.
+    aligned = val_prompts.meta["num_filtered_prompts"] == 0
+    samples = SampleLog(
+        cfg.output_dir, val_images=getattr(data.val, "images", None) if aligned else None
+    )
     init_metrics["data/filtered_prompts"] = train_prompts.meta["num_filtered_prompts"]
 
     runner = VerifierRunner.from_config(cfg.reward)
@@ -208,7 +243,12 @@ def fit(cfg: RunConfig) -> RunResult:
                 if cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or last):
                     with timer("testing", metrics):
                         val_metrics, images = validate_all(
-                            cfg, val_prompts, worker, processor, val_runner
+                            cfg,
+                            val_prompts,
+                            worker,
+                            processor,
+                            val_runner,
+                            partial(samples.record, step),
                         )
                         metrics.update(val_metrics)
                 stop = monitor.should_stop(metrics)  # before a save: the streak is state too
@@ -219,6 +259,7 @@ def fit(cfg: RunConfig) -> RunResult:
             metrics.update(memory_metrics(workers))
             tracker.log(metrics, step)
             tracker.log_images(images, step)
+            doctor.observe(tracker.history)
             kill_point("after_step", step)
             kill_worker_point(step, workers, faults.restarts)
             if "critic/score/mean" in metrics:  # absent when no sample was valid
@@ -242,7 +283,12 @@ def fit(cfg: RunConfig) -> RunResult:
                             tracker.log(record["metrics"], resume_step)  # killed before logging
                     elif cfg.trainer.val_before_train:
                         val_metrics, images = validate_all(
-                            cfg, val_prompts, workers.actor, processor, val_runner
+                            cfg,
+                            val_prompts,
+                            workers.actor,
+                            processor,
+                            val_runner,
+                            partial(samples.record, 0),
                         )
                         tracker.log({**init_metrics, **val_metrics}, step=0)
                         tracker.log_images(images, step=0)
@@ -260,6 +306,7 @@ def fit(cfg: RunConfig) -> RunResult:
         "wall_time_s": result.wall_time_s,
         "peak_memory_gib": result.peak_memory_gib,
         "final_actor": str(cfg.output_dir / "actor"),
+        "report": str(cfg.output_dir / "report.html"),
         **extra,
     }
     (cfg.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))

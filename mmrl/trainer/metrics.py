@@ -20,6 +20,13 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     }
 
 
+def _correlation(x: torch.Tensor, y: torch.Tensor) -> float | None:
+    """Pearson correlation of ``x`` and ``y`` [N]; None when either is constant or N < 2."""
+    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
+    denom = float((x.square().sum() * y.square().sum()).sqrt())
+    return float((x * y).sum()) / denom if denom > 1e-12 else None
+
+
 def compute_data_metrics(
     batch: Batch, step_time_s: float, gen_time_s: float | None = None
 ) -> dict[str, float]:
@@ -48,6 +55,9 @@ def compute_data_metrics(
     }
     if "values" in batch:
         metrics.update(_stats("critic/values", batch["values"][token_mask]))
+    corr = _correlation(batch["token_level_scores"].sum(-1)[valid], response_length[valid])
+    if corr is not None:  # a reward that pays for length shows here (the run doctor reads it)
+        metrics["response_length/score_corr"] = corr
     # Rollout and training should agree on the sampled tokens' log-probs; a gap is
     # the classic silent bug of hybrid engines, so it is always reported (by the actor's
     # update when old log-probs come from its own forward pass).

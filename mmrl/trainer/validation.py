@@ -10,6 +10,8 @@ and ``val-aux/...`` (``std@N``, ``worst@N``, smaller N, each verifier's own scor
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -40,10 +42,12 @@ def validate(
     processor: PromptProcessor,
     runner: VerifierRunner,
     greedy: bool = False,
+    record: Callable[[Batch, int], None] | None = None,
 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """Score held-out prompts with ``rollout.val_kwargs`` sampling (``val/*`` and the @N
     metrics), or greedily (``val/greedy/*``); returns the metrics and the images
-    (``val/frames`` for frame predictions, uint8 [H, W, 3]).
+    (``val/frames`` for frame predictions, uint8 [H, W, 3]). ``record(batch, repeats)`` sees
+    the first scored chunk (the run's samples log).
     """
     n = 1 if greedy else cfg.actor_rollout_ref.rollout.val_kwargs.n
     metrics_sum, counts, images = {}, {}, {}
@@ -57,6 +61,8 @@ def validate(
         out = processor.decode(worker.generate_sequences(chunk.repeat(n), params))
         result = runner.run(out)
         out, m = apply_scores(out, result, cfg)
+        if record is not None and i == 0:
+            record(out, n)
         scores.append(out["token_level_scores"].sum(-1))
         for k, v in m.items():  # a chunk may lack a mean (no sample scored): weigh by presence
             metrics_sum[k] = metrics_sum.get(k, 0.0) + v * len(out)
@@ -98,9 +104,10 @@ def validate_all(
     worker: WorkerGroup,
     processor: PromptProcessor,
     runner: VerifierRunner,
+    record: Callable[[Batch, int], None] | None = None,
 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """:func:`validate`, plus its greedy version when ``trainer.val_greedy`` is set."""
-    metrics, images = validate(cfg, val_prompts, worker, processor, runner)
+    metrics, images = validate(cfg, val_prompts, worker, processor, runner, record=record)
     if cfg.trainer.val_greedy:
         metrics.update(validate(cfg, val_prompts, worker, processor, runner, greedy=True)[0])
     return metrics, images

@@ -1,0 +1,174 @@
+"""The run doctor: for each failure it detects, a real tiny run with that fault, and a healthy
+run that gets no false alarm. Faulty verifiers are plugins written into the test's folder."""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+
+import pytest
+
+from mmrl.config import load_config
+from mmrl.config.doctor import DoctorConfig
+from mmrl.trainer.cli import main
+from mmrl.trainer.doctor import check_worldmodel, diagnose
+from mmrl.trainer.fit import fit
+from tests.conftest import run_overrides
+
+PLUGINS = '''
+import time
+import numpy as np
+from mmrl.verifiers import VerifierOutput
+
+def _exact(batch):
+    pairs = zip(batch["response_text"], batch["ground_truth"], strict=True)
+    return np.asarray([float(text.strip() == truth) for text, truth in pairs])
+
+def length_only(batch):
+    """Pays for length alone: tokens in the response over the longest possible."""
+    mask = batch["response_mask"]
+    return (mask.sum(-1).float() / mask.shape[1]).numpy()
+
+CALLS = [0]
+
+def flaky(batch):
+    """A verifier backend that fails more each call (a sandbox filling its disk)."""
+    CALLS[0] += 1
+    fails = np.random.default_rng(CALLS[0]).random(len(batch)) < min(1.0, CALLS[0] / 10)
+    return VerifierOutput(scores=_exact(batch), valid=~fails)
+
+def slow(batch):
+    time.sleep(1.0)
+    return _exact(batch)
+'''
+
+
+def plugin(tmp_path, name: str) -> str:
+    path = tmp_path / "faulty_verifiers.py"
+    path.write_text(textwrap.dedent(PLUGINS))
+    return f"reward.verifiers=[{{name: '{path}:{name}'}}]"
+
+
+def run(tmp_path, *extra: str, warm: str | None = None):
+    model = [f"actor_rollout_ref.model.path={warm}"] if warm else []
+    cfg = load_config(
+        run_overrides(
+            tmp_path / "run",
+            *model,
+            "trainer.test_freq=0",
+            "trainer.val_before_train=false",
+            *extra,
+        )
+    )
+    return cfg, fit(cfg)
+
+
+def checks(cfg, result) -> set[str]:
+    return {f.check for f in diagnose(result.history, cfg.trainer.doctor)}
+
+
+def test_healthy_run_gets_no_false_alarm(tmp_path, warm_model_dir, caplog):
+    with caplog.at_level(logging.WARNING, logger="mmrl.trainer.doctor"):
+        cfg, result = run(tmp_path, "trainer.total_steps=10", warm=warm_model_dir)
+    assert checks(cfg, result) == set()
+    assert "doctor:" not in caplog.text
+    assert main(["doctor", str(tmp_path / "run")]) == 0
+
+
+def test_length_only_reward_is_named_length_bias(tmp_path, caplog, capsys):
+    """An untrained policy (no SFT) answers at random lengths; the verifier pays for length."""
+    with caplog.at_level(logging.WARNING, logger="mmrl.trainer.doctor"):
+        cfg, result = run(
+            tmp_path,
+            "trainer.total_steps=6",
+            "task.sft.steps=0",
+            "reward.overlong_reward=keep",  # a clipped response keeps its (length) score
+            plugin(tmp_path, "length_only"),
+        )
+    assert min(result.series("response_length/score_corr")) > 0.99
+    assert "length bias" in checks(cfg, result)
+    assert "doctor: [rewards] length bias" in caplog.text  # the live warning
+    assert main(["doctor", str(tmp_path / "run")]) == 1
+    out = capsys.readouterr().out
+    assert "length bias" in out and "response_length/score_corr" in out
+
+
+def test_learning_rate_100x_is_named_kl_spike(tmp_path, warm_model_dir):
+    cfg, result = run(
+        tmp_path, "trainer.total_steps=4", "actor_rollout_ref.actor.lr=3e-2", warm=warm_model_dir
+    )
+    findings = diagnose(result.history, cfg.trainer.doctor)
+    spike = [f for f in findings if f.check == "KL spike"]
+    assert spike and spike[0].metric in ("actor/kl_loss", "actor/ppo_kl")
+    assert "learning rate" in spike[0].message
+
+
+def test_two_samples_per_prompt_with_uniform_answers_is_named_no_signal(tmp_path, warm_model_dir):
+    """rollout.n=2 on the problems with operands 0..4, which the warm-started policy (trained
+    on 0..49) answers the same way within nearly every pair."""
+    cfg, result = run(
+        tmp_path,
+        "trainer.total_steps=5",
+        "actor_rollout_ref.rollout.n=2",
+        "task.max_operand=4",
+        "task.val_size=4",
+        warm=warm_model_dir,
+    )
+    assert "no learning signal in most groups" in checks(cfg, result)
+
+
+def test_top_k_on_the_rollout_side_only_is_named_logprob_drift(tmp_path, warm_model_dir):
+    """The transformers engine reports the log-probs of the top-k distribution it sampled
+    from; the actor recomputes them over the whole vocabulary."""
+    cfg, result = run(
+        tmp_path,
+        "trainer.total_steps=3",
+        "actor_rollout_ref.rollout.top_k=2",
+        warm=warm_model_dir,
+    )
+    assert "rollout log-probs drift" in checks(cfg, result)
+
+
+def test_failing_verifier_is_named_rising_invalid_rate(tmp_path, warm_model_dir):
+    cfg, result = run(
+        tmp_path,
+        "trainer.total_steps=10",
+        "trainer.max_invalid_rate=null",
+        plugin(tmp_path, "flaky"),
+        warm=warm_model_dir,
+    )
+    assert "rising invalid-sample rate" in checks(cfg, result)
+
+
+def test_slow_verifier_is_named_as_the_stage_over_its_share(tmp_path, warm_model_dir):
+    cfg, result = run(
+        tmp_path,
+        "trainer.total_steps=3",
+        "trainer.doctor.stage_shares={reward: 0.2}",
+        plugin(tmp_path, "slow"),
+        warm=warm_model_dir,
+    )
+    found = [f for f in diagnose(result.history, cfg.trainer.doctor) if f.stage == "timing"]
+    assert [f.metric for f in found] == ["timing_s/reward"]
+    assert "stage_shares.reward=0.2" in found[0].message
+
+
+def test_worldmodel_repetition_and_error_growth_are_named():
+    cfg = DoctorConfig()
+    table = {
+        "rl": {
+            "greedy": {"repetition": 0.8, "mae@t1": 0.02, "mae@t2": 0.05, "mae@t3": 0.09},
+            "sampled": {"repetition": 0.1, "mae@t1": 0.02, "mae@t2": 0.021, "mae@t3": 0.022},
+        }
+    }
+    found = check_worldmodel(table, cfg)
+    assert {(f.check, f.metric) for f in found} == {
+        ("world model repeats its last frame", "worldmodel_eval.json rl/greedy/repetition"),
+        ("error grows with the future step", "worldmodel_eval.json rl/greedy/mae@t1..t3"),
+    }
+
+
+@pytest.mark.parametrize("override", ["trainer.doctor.window=1", "trainer.doctor.nope=1"])
+def test_bad_thresholds_are_config_errors(tmp_path, override):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert main(["doctor", str(tmp_path), override]) == 1
