@@ -228,10 +228,11 @@ def test_eval_errors_are_clear(grid_dir, checkpoint, tmp_path):
         main(["--model", model_dir, "--data", str(push)])
 
 
-def test_report_writes_markdown_pngs_and_gif(grid_dir, tmp_path):
+def test_run_report_shows_frames_gif_and_per_step_metrics(grid_dir, tmp_path):
     from PIL import Image
 
     from mmrl.tasks.worldmodel_report import write_report
+    from mmrl.trainer.report import write_report as write_run_report
 
     windows = windows_of(grid_dir)
     metrics = {
@@ -244,30 +245,23 @@ def test_report_writes_markdown_pngs_and_gif(grid_dir, tmp_path):
         "repetition": 0.25,
         "psnr@t1": 21.0,
         "lpips@t1": 0.09,
+        "mae@t1": 0.04,
     }
     table = {m: {d: metrics for d in ("greedy", "sampled")} for m in ("base", "rl")}
     preds = {"base": windows.future, "rl": windows.future[:, :, ::-1]}
-    history = [
-        {
-            "step": s,
-            "critic/score/mean": -0.1 * s,
-            "actor/kl_loss": 0.01 * s,
-            "actor/entropy": 1.0,
-            "val/psnr/mean": 20 + s,
-            "val/lpips/mean": 0.1,
-        }
-        for s in range(1, 5)
-    ]
-    readme = write_report(
-        tmp_path / "report", history, {"table": table, "predictions": preds}, windows
-    )
-    text = readme.read_text()
-    assert "| rl (greedy) | 20.00 |" in text and "| 0.250 | 1.00 |" in text  # repeated, valid
-    assert "## Per future step (t = 1..1)" in text and "| rl (greedy) | 21 | 0.09 |" in text
-    for name in ("curves.png", "frames.png", "rollout.gif"):
+    write_report(tmp_path / "report", {"table": table, "predictions": preds}, windows)
+    for name in ("frames.png", "rollout.gif"):
         assert (tmp_path / "report" / name).stat().st_size > 1000
     gif = Image.open(tmp_path / "report" / "rollout.gif")
     assert gif.n_frames >= 8  # PIL merges identical consecutive frames
+    # The run report (one page) shows them with the held-out table per future step.
+    (tmp_path / "worldmodel_eval.json").write_text(json.dumps(table))
+    rows = [{"step": s, "critic/score/mean": -0.1 * s, "timing_s/gen": 1.0} for s in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    text = write_run_report(tmp_path).read_text()
+    assert 'id="worldmodel"' in text and "<th>rl (greedy)</th><td>21</td>" in text
+    assert "<td>0.25</td><td>1</td>" in text  # repetition, valid
+    assert text.count("data:image/gif;base64,") == 1 and 'data-chart="frames.png"' in text
 
 
 @pytest.mark.slow
@@ -324,8 +318,8 @@ def test_grpo_beats_its_pretrained_start_on_test_windows(tmp_path):
     assert table["rl"]["greedy"]["psnr"] > table["base"]["greedy"]["psnr"], table
     for decoding in ("greedy", "sampled"):
         assert table["rl"][decoding]["valid"] == table["base"][decoding]["valid"] == 1.0
-    report = tmp_path / "run" / "report"
-    assert (report / "README.md").exists() and (report / "rollout.gif").stat().st_size > 0
+    assert (tmp_path / "run" / "report" / "rollout.gif").stat().st_size > 0
+    assert 'id="worldmodel"' in (tmp_path / "run" / "report.html").read_text()
 
 
 def test_gpu_example_composes_and_its_model_fits_its_settings():

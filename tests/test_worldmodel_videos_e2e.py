@@ -54,4 +54,4 @@ def test_own_videos_pretrain_grpo_eval_through_the_cli(tmp_path):
         assert "lpips/slope" in metrics
     base, rl = table["base"]["sampled"]["lpips"], table["rl"]["sampled"]["lpips"]
     assert rl < base - LPIPS_MARGIN, (base, rl)
-    assert (run / "report" / "README.md").exists()
+    assert (run / "report" / "frames.png").exists() and (run / "report.html").exists()

@@ -185,16 +185,11 @@ class WorldModelTokensTask(Task):
             for model, by_decoding in result["per_window"].items()
         }  # fmt: skip
         (cfg.output_dir / "worldmodel_eval_windows.json").write_text(json.dumps(per_window))
-        if self.cfg.report:
+        if self.cfg.report:  # frame strips and a GIF, shown in the run's report.html
             from mmrl.tasks.worldmodel_report import write_report
 
-            result["report"] = str(
-                write_report(cfg.output_dir / "report", history, result, held_out)
-            )
-        return {
-            "worldmodel_eval": result["table"],
-            **({"report": result["report"]} if "report" in result else {}),
-        }
+            write_report(cfg.output_dir / "report", result, held_out)
+        return {"worldmodel_eval": result["table"]}
 
 
 def pretrain_config(overrides: dict[str, Any], cache_dir: str) -> PretrainConfig:

@@ -34,7 +34,10 @@ REPORT_FILE = "report.html"
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
 WORLDMODEL_EVAL_FILE = "worldmodel_eval.json"
-WORLDMODEL_MEDIA = (("frames.png", "image/png"), ("rollout.gif", "image/gif"))
+WORLDMODEL_MEDIA = (  # what the world-model task draws under <run>/report/
+    ("frames.png", "image/png", "per held-out window: context | truth | base | RL (greedy)"),
+    ("rollout.gif", "image/gif", "the same windows animated: truth | base | RL"),
+)
 STEP_METRICS = ("psnr", "lpips", "mae")
 
 STYLE = """
@@ -217,8 +220,10 @@ def samples_section(record: RunRecord) -> str:
 
 def worldmodel_section(record: RunRecord) -> str:
     table = record.worldmodel_eval
-    media = [(record.run_dir / "report" / name, mime) for name, mime in WORLDMODEL_MEDIA]
-    if not table and not any(p.is_file() for p, _ in media):
+    media = [
+        (record.run_dir / "report" / name, mime, note) for name, mime, note in WORLDMODEL_MEDIA
+    ]
+    if not table and not any(p.is_file() for p, _, _ in media):
         return ""
     out = ['<section id="worldmodel"><h2>World model: held-out evaluation</h2>']
     rows = {f"{m} ({d})": v for m, by in (table or {}).items() for d, v in by.items()}
@@ -237,13 +242,11 @@ def worldmodel_section(record: RunRecord) -> str:
             "</table><p>base = the pretrained start, rl = after RL; @tN = the Nth "
             "predicted frame; repetition: mmrl.verifiers.repetition.</p>"
         )
-    for path, mime in media:
+    for path, mime, note in media:
         if path.is_file():
             out.append(f'<figure class="chart" data-chart="{path.name}">')
             out.append(_img(path.read_bytes(), mime, alt=path.name))
-            out.append(
-                "<figcaption>context | truth | base | RL, per held-out window</figcaption></figure>"
-            )
+            out.append(f"<figcaption>{note}</figcaption></figure>")
     return "\n".join(out + ["</section>"])
 
 
