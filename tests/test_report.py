@@ -9,15 +9,20 @@ import io
 import json
 from html.parser import HTMLParser
 
+import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from mmrl.config import load_config
 from mmrl.errors import VerifierError
+from mmrl.protocol import Batch
+from mmrl.tasks.visual_counting import VisualCountingConfig, make_counting_dataset
 from mmrl.trainer.cli import main
 from mmrl.trainer.fit import fit
 from mmrl.trainer.report import write_report
 from mmrl.trainer.report_plots import CURVES
+from mmrl.trainer.samples import SampleLog, read_samples
 from tests.conftest import run_overrides
 
 
@@ -148,3 +153,29 @@ def test_report_of_a_folder_that_is_no_run_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("mmrl: error:") and "is not a folder" in err[0]
     assert "has no metrics.jsonl" in err[2] and err[3].strip().startswith("fix:")
+
+
+def test_vlm_samples_keep_thumbnails_of_their_prompt_images(tmp_path):
+    """Validation row i answers prompt i // n: its thumbnail is that prompt's image."""
+    data = make_counting_dataset(VisualCountingConfig(), 3, seed=0)
+    scores = torch.zeros(6, 4)
+    scores[[0, 3], -1] = 1.0
+    batch = Batch.from_dict(
+        tensors={"token_level_scores": scores, "valid_mask": torch.ones(6, dtype=torch.bool)},
+        non_tensor={
+            "raw_prompt": [p for p in data.problems for _ in range(2)],
+            "response_text": [f"<answer>{i}</answer>" for i in range(6)],
+            "ground_truth": [g for g in data.ground_truth for _ in range(2)],
+        },
+    )
+    SampleLog(tmp_path, val_images=data.images).record(0, batch, repeats=2)
+    rows = read_samples(tmp_path)
+    assert [r["score"] for r in rows] == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    thumb = Image.open(tmp_path / rows[3]["images"][0]).convert("RGB")
+    source = Image.open(io.BytesIO(data.images[1][0])).convert("RGB").resize(thumb.size)
+    other = Image.open(io.BytesIO(data.images[0][0])).convert("RGB").resize(thumb.size)
+    diff = np.abs(np.asarray(thumb, float) - np.asarray(source, float)).mean()
+    assert diff < np.abs(np.asarray(thumb, float) - np.asarray(other, float)).mean()
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "critic/score/mean": 0.5}\n')
+    page = Page(write_report(tmp_path).read_text())
+    assert page.table_rows["samples"] == 7 and len(page.images) == 1 + 6  # a chart, 6 thumbs

@@ -98,8 +98,10 @@ def doctor_config(record: RunRecord, overrides: list[str] = ()) -> DoctorConfig:
     ``overrides`` (``trainer.doctor.key=value``) on top."""
     merged = OmegaConf.structured(DoctorConfig)
     try:
-        if record.config is not None:
-            merged = OmegaConf.merge(merged, record.config.get("trainer", {}).get("doctor", {}))
+        if record.config is not None:  # keys of another mmrl version are left out
+            saved = OmegaConf.to_container(record.config.get("trainer", {}).get("doctor", {}))
+            known = {k: v for k, v in saved.items() if k in merged}
+            merged = OmegaConf.merge(merged, known)
         dotlist = [o.removeprefix("trainer.doctor.") for o in overrides]
         cfg = OmegaConf.to_object(OmegaConf.merge(merged, OmegaConf.from_dotlist(dotlist)))
     except OmegaConfBaseException as err:
@@ -180,7 +182,7 @@ def curves_section(history: list[dict]) -> str:
         out.append('<figure class="chart" data-chart="time per stage">')
         out.append(_img(png, alt="time per stage"))
         out.append(
-            "<figcaption>seconds per RL step, one colour per timing_s/<stage> (validation "
+            "<figcaption>seconds per RL step, one colour per timing_s/&lt;stage&gt; (validation "
             "is testing, checkpoints save_checkpoint)</figcaption></figure>"
         )
     return "\n".join(out + ["</section>"])

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 # Stages timed inside timing_s/step, and the ones outside it (validation, saving).
 STEP_KEY = "timing_s/step"
@@ -91,6 +92,7 @@ def curve_png(curve: Curve, history: list[dict]) -> bytes | None:
         ax.plot(steps, values, label=key, **style)
     ax.set_title(curve.title, fontsize=10)
     ax.set_xlabel("RL step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
     fig.tight_layout()
@@ -127,6 +129,7 @@ def stage_times_png(history: list[dict]) -> bytes | None:
         bottom += values
     ax.set_title("time per stage", fontsize=10)
     ax.set_xlabel("RL step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("seconds")
     ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
