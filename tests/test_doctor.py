@@ -93,6 +93,28 @@ def test_length_only_reward_is_named_length_bias(tmp_path, caplog, capsys):
     assert "length bias" in out and "response_length/score_corr" in out
 
 
+def test_length_reward_with_a_strict_validation_verifier_is_named_reward_hacking(tmp_path):
+    """Training pays for length; validation scores answers (reward.val_verifiers): the
+    training reward climbs while validation stays flat."""
+    cfg, result = run(
+        tmp_path,
+        "trainer.total_steps=12",
+        "trainer.test_freq=6",
+        "trainer.val_before_train=true",
+        "task.sft.steps=0",
+        "task.val_size=32",
+        "data.max_response_length=32",
+        "reward.overlong_reward=keep",
+        "actor_rollout_ref.actor.lr=3e-3",
+        plugin(tmp_path, "length_only"),
+        "reward.val_verifiers=[{name: exact_answer}]",
+    )
+    found = {f.check: f for f in diagnose(result.history, cfg.trainer.doctor)}
+    hacking = found["training reward rises, validation does not"]
+    assert hacking.stage == "rewards" and "reward hacking" in hacking.message
+    assert "length bias" in found
+
+
 def test_learning_rate_100x_is_named_kl_spike(tmp_path, warm_model_dir):
     cfg, result = run(
         tmp_path, "trainer.total_steps=4", "actor_rollout_ref.actor.lr=3e-2", warm=warm_model_dir
