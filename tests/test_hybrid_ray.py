@@ -343,21 +343,22 @@ def test_killed_worker_is_named_with_its_step(tmp_path, tiny_model_dir, local_ra
 
     def build_with_a_fault(*args, **kwargs):
         workers = real_build(*args, **kwargs)
-        actor, real_call = workers.actor, workers.actor.compute_log_prob
+        actor, real_call = workers.actor, workers.actor.update_actor
 
         def kill_rank_1_then_call(*call_args, **call_kwargs):
-            # Mid-step: after generation, rank 1's process dies just before the log-prob pass.
+            # Mid-step: after generation and scoring, rank 1's process dies just before the
+            # update (the one call every step makes; on-policy runs skip the old log-prob pass).
             ray.kill(actor.hosts[1])
             killed_at.append(time.monotonic())
             return real_call(*call_args, **call_kwargs)
 
-        actor.compute_log_prob = kill_rank_1_then_call
+        actor.update_actor = kill_rank_1_then_call
         return workers
 
     monkeypatch.setattr(fit_module, "build_workers", build_with_a_fault)
     cfg = short_cfg(tmp_path, tiny_model_dir, "trainer.n_workers_per_node=2")
     pattern = (
-        r"rank 1 of 2 in group 'actor' \(pid \d+ on .+\) died during compute_log_prob at RL step 1"
+        r"rank 1 of 2 in group 'actor' \(pid \d+ on .+\) died during update_actor at RL step 1"
     )
     with pytest.raises(WorkerError, match=pattern):
         fit_module.fit(cfg)
