@@ -20,6 +20,8 @@ from mmrl.config import load_config
 from mmrl.errors import CheckpointError, ConfigError
 from mmrl.hybrid import fsdp
 from mmrl.hybrid.state import (
+    MODEL_FILE,
+    OPTIMIZER_FILE,
     load_model_weights,
     load_optimizer,
     rng_state,
@@ -28,7 +30,7 @@ from mmrl.hybrid.state import (
 )
 from mmrl.protocol import Batch
 from mmrl.trainer import checkpoint as ckpt
-from mmrl.trainer.fit import PromptLoader, fit
+from mmrl.trainer.fit import PromptLoader, RunResult, fit
 from mmrl.trainer.preflight import find_problems
 from mmrl.trainer.resume import check_config
 from mmrl.trainer.tracking import Tracker
@@ -174,25 +176,30 @@ def test_optimizer_state_round_trips_bit_for_bit(tmp_path, tiny_lm_dirs):
         assert torch.equal(value, after[name]), name
 
 
+def short_run(out: Path, model_dir: Path, steps: int, *extra: str) -> RunResult:
+    """A text run of ``steps`` steps that validates and saves every second step."""
+    cfg = load_config(
+        run_overrides(
+            out,
+            f"actor_rollout_ref.model.path={model_dir}",
+            f"trainer.total_steps={steps}",
+            "trainer.save_freq=2",
+            "trainer.test_freq=2",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # two optimizer steps a step
+            "task.val_size=8",
+            *extra,
+        )
+    )
+    return fit(cfg)
+
+
 def test_a_resumed_run_continues_exactly(tmp_path, warm_model_dir):
     """Two steps, then the same run extended to four: steps 3-4 equal a four-step run's."""
 
-    def run(out: Path, steps: int, *extra: str):
-        cfg = load_config(
-            run_overrides(
-                out,
-                f"actor_rollout_ref.model.path={warm_model_dir}",
-                f"trainer.total_steps={steps}",
-                "trainer.save_freq=2",
-                "trainer.test_freq=2",
-                "data.train_batch_size=4",
-                "actor_rollout_ref.rollout.n=4",
-                "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # two optimizer steps a step
-                "task.val_size=8",
-                *extra,
-            )
-        )
-        return fit(cfg)
+    def run(out: Path, steps: int, *extra: str) -> RunResult:
+        return short_run(out, warm_model_dir, steps, *extra)
 
     full = run(tmp_path / "full", 4)
     run(tmp_path / "split", 2)
@@ -212,6 +219,23 @@ def test_a_resumed_run_continues_exactly(tmp_path, warm_model_dir):
     refused = r"actor_rollout_ref\.actor\.lr: 0.0003 in global_step_4, 2e-05 now"
     with pytest.raises(ConfigError, match=refused):
         run(tmp_path / "split", 6, "actor_rollout_ref.actor.lr=2e-5")
+
+
+def test_a_resumed_gae_run_continues_with_its_critic(tmp_path, warm_model_dir):
+    """GAE: the critic's weights and AdamW moments are in the checkpoint and loaded, so the
+    value loss and values of the steps after a resume equal an uninterrupted run's."""
+    gae = ("algorithm.adv_estimator=gae", "trainer.test_freq=0")
+    full = short_run(tmp_path / "full", warm_model_dir, 4, *gae)
+    short_run(tmp_path / "split", warm_model_dir, 2, *gae)
+    saved = tmp_path / "split" / "global_step_2" / "critic"
+    assert (saved / MODEL_FILE).is_file() and (saved / OPTIMIZER_FILE).is_file()
+    resumed = short_run(tmp_path / "split", warm_model_dir, 4, *gae)
+    after, expected = comparable(resumed.history), comparable(full.history)
+    for step in (3, 4):
+        assert "critic/vf_loss" in expected[step] and "critic/values/mean" in expected[step]
+        assert after[step] == expected[step], step
+    # The critic learned, so a critic that restarted fresh (or lost its moments) would show.
+    assert expected[3]["critic/vf_loss"] != expected[1]["critic/vf_loss"]
 
 
 def ckpt_lines(run_dir: Path) -> list[dict]:
