@@ -52,7 +52,7 @@ def test_an_unknown_folder_names_itself_and_every_kind(tmp_path):
     assert all(name in message for name in ("text_lm", "vlm", "latent", "latent_policy.json"))
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         policy_family(tmp_path / "missing")
-    with pytest.raises(ValueError, match="known: latent, text_lm, vlm"):
+    with pytest.raises(ValueError, match="known: flow_latent, latent, text_lm, vlm"):
         get_family("diffusion")
 
 

@@ -180,13 +180,7 @@ class GaussianLatentPolicy(nn.Module):
             {k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / WEIGHTS_FILE)
         )
         (path / CONFIG_FILE).write_text(json.dumps(asdict(self.cfg), indent=1))
-        source = Path(self.name_or_path or "") / AUTOENCODER_DIR
-        if (
-            self.name_or_path
-            and source.is_dir()
-            and source.resolve() != (path / AUTOENCODER_DIR).resolve()
-        ):
-            shutil.copytree(source, path / AUTOENCODER_DIR, dirs_exist_ok=True)
+        carry_autoencoder(self.name_or_path, path)
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> GaussianLatentPolicy:
@@ -197,6 +191,15 @@ class GaussianLatentPolicy(nn.Module):
         policy.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
         policy.name_or_path = str(path)
         return policy
+
+
+def carry_autoencoder(source: str | Path | None, dest: Path) -> None:
+    """Copy ``source/autoencoder/`` (the folder a policy was loaded from) into ``dest``."""
+    if not source:
+        return
+    folder = Path(source) / AUTOENCODER_DIR
+    if folder.is_dir() and folder.resolve() != (dest / AUTOENCODER_DIR).resolve():
+        shutil.copytree(folder, dest / AUTOENCODER_DIR, dirs_exist_ok=True)
 
 
 def gaussian_log_prob(z: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:

@@ -74,6 +74,8 @@ class VLLMRollout:
         cfg: RolloutConfig,
         max_model_len: int,
     ) -> None:
+        # First: a family vLLM cannot serve says so before anything reads its tokenizer.
+        self.served = ServedPrompts(family.vllm_serving(Path(model_path), tokenizer))
         self.eos_token_id = int(tokenizer.eos_token_id)
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.max_model_len = max_model_len
@@ -86,7 +88,6 @@ class VLLMRollout:
                 f"{sorted(NAME_DTYPES)}"
             )
         self.dtype = NAME_DTYPES[dtype]
-        self.served = ServedPrompts(family.vllm_serving(Path(model_path), tokenizer))
         kv_bytes = int(cfg.kv_cache_memory_gib * 2**30) if cfg.kv_cache_memory_gib else None
         set_num_threads = torch.set_num_threads
         self.llm = vllm.LLM(
