@@ -71,8 +71,33 @@ def test_healthy_run_gets_no_false_alarm(tmp_path, warm_model_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="mmrl.trainer.doctor"):
         cfg, result = run(tmp_path, "trainer.total_steps=10", warm=warm_model_dir)
     assert checks(cfg, result) == set()
+    assert result.history[0]["data/filtered_prompt_frac"] == 0.0
     assert "doctor:" not in caplog.text
     assert main(["doctor", str(tmp_path / "run")]) == 0
+
+
+def test_prompts_dropped_for_length_are_named_first(tmp_path, warm_model_dir, caplog, capsys):
+    """A prompt "a+b=" has 4 to 6 characters: a limit of 5 drops every problem whose operands
+    both have two digits (about 64% for operands 0..49), which filter_overlong_prompts allows."""
+    with caplog.at_level(logging.WARNING, logger="mmrl.trainer.doctor"):
+        cfg, result = run(
+            tmp_path,
+            "trainer.total_steps=1",
+            "data.max_prompt_length=5",
+            "data.filter_overlong_prompts=true",
+            warm=warm_model_dir,
+        )
+    (row,) = result.history  # no step 0 here: the training set's numbers are on step 1
+    assert 0.5 < row["data/filtered_prompt_frac"] < 0.8 and row["data/filtered_prompts"] > 0
+    first = diagnose(result.history, cfg.trainer.doctor)[0]
+    assert (first.check, first.stage) == ("prompts dropped for length", "prompts")
+    assert first.metric == "data/filtered_prompt_frac"
+    assert "doctor: [prompts] prompts dropped for length" in caplog.text  # the live warning
+    assert main(["doctor", str(tmp_path / "run")]) == 1
+    out = capsys.readouterr().out
+    assert "prompts dropped for length" in out and "data.max_prompt_length" in out
+    relaxed = "trainer.doctor.max_overlong_prompt_frac=0.9"
+    assert main(["doctor", str(tmp_path / "run"), relaxed]) == 0
 
 
 def test_length_only_reward_is_named_length_bias(tmp_path, caplog, capsys):

@@ -25,6 +25,10 @@ DEFAULT_STAGE_SHARES = {
 class DoctorConfig:
     live: bool = True
     """Warn during training as soon as a check trips (each check once per run)."""
+    max_overlong_prompt_frac: float = ranged(0.1, ge=0, le=1)
+    """Prompts: the share of training prompts over data.max_prompt_length that were dropped
+    (data.filter_overlong_prompts: data/filtered_prompt_frac) or cut (data.truncation:
+    data/truncated_prompt_frac) above this."""
     window: int = ranged(5, ge=2)
     """Steps that a trend or an average is read over (the first and the last ``window``)."""
     reward_rise: float = ranged(0.2, gt=0)

@@ -63,6 +63,44 @@ def _trend(history: list[dict], key: str, window: int) -> tuple[float, float, in
     return float(vals[:window].mean()), float(vals[-window:].mean()), steps[-1]
 
 
+# The training-set metrics of prompts over data.max_prompt_length: what happened to them, the
+# setting that did it and what the policy then trains on.
+OVERLONG_PROMPTS = {
+    "data/filtered_prompt_frac": (
+        "dropped",
+        "data.filter_overlong_prompts=true",
+        "the shorter prompts only, a skewed (often easier) task",
+    ),
+    "data/truncated_prompt_frac": (
+        "truncated",
+        "data.truncation",
+        "questions with part of their text missing",
+    ),
+}
+
+
+def check_overlong_prompts(history: list[dict], cfg: DoctorConfig) -> list[Finding]:
+    found = []
+    for key, (what, setting, left) in OVERLONG_PROMPTS.items():
+        rows = [row for row in history if isinstance(row.get(key), int | float)]
+        if not rows or rows[-1][key] <= cfg.max_overlong_prompt_frac:
+            continue
+        frac = float(rows[-1][key])
+        found.append(
+            Finding(
+                f"prompts {what} for length",
+                "prompts",
+                key,
+                rows[-1]["step"],
+                f"{frac:.0%} of the training prompts were longer than data.max_prompt_length "
+                f"and were {what} ({setting}; limit trainer.doctor.max_overlong_prompt_frac="
+                f"{cfg.max_overlong_prompt_frac:g}): the policy trains on {left}. Raise "
+                "data.max_prompt_length to fit the data.",
+            )
+        )
+    return found
+
+
 def check_logprob_drift(history: list[dict], cfg: DoctorConfig) -> list[Finding]:
     steps, vals = values(history, "rollout/logprob_diff_mean")
     over = [
@@ -278,6 +316,7 @@ def check_val_repetition(history: list[dict], cfg: DoctorConfig) -> list[Finding
 
 
 HISTORY_CHECKS: tuple[Callable[[list[dict], DoctorConfig], list[Finding]], ...] = (
+    check_overlong_prompts,
     check_logprob_drift,
     check_invalid_rate,
     check_val_repetition,

@@ -38,7 +38,7 @@ from mmrl.trainer.experience import (
 )
 from mmrl.trainer.faults import FaultRecovery, kill_worker_point
 from mmrl.trainer.guard import InvalidRateMonitor, batch_for_update
-from mmrl.trainer.metrics import compute_data_metrics, memory_metrics
+from mmrl.trainer.metrics import compute_data_metrics, memory_metrics, prompt_set_metrics
 from mmrl.trainer.preflight import preflight
 from mmrl.trainer.report import CONFIG_FILE, METRICS_FILE, write_report
 from mmrl.trainer.samples import SampleLog
@@ -218,7 +218,7 @@ def train(cfg: RunConfig, trackers: list[Tracker]) -> RunResult:
     samples = SampleLog(
         cfg.output_dir, val_images=getattr(data.val, "images", None) if aligned else None
     )
-    init_metrics["data/filtered_prompts"] = train_prompts.meta["num_filtered_prompts"]
+    init_metrics.update(prompt_set_metrics(train_prompts))
 
     runner = VerifierRunner.from_config(cfg.reward)
     val_runner = build_val_runner(cfg, runner)  # reward.val_verifiers, or the same runner
@@ -236,6 +236,8 @@ def train(cfg: RunConfig, trackers: list[Tracker]) -> RunResult:
         for step in bar:
             workers.set_step(step)  # a worker failure names the step
             metrics = rl_step(cfg, step, loader.next(), worker, critic, processor, kl_ctrl, runner)
+            if step == 1 and not cfg.trainer.val_before_train:
+                metrics.update(init_metrics)  # no step-0 row: the data and warm-up numbers
             metrics.update(process_tree_stats())  # a leak shows as a rising system/* line
             metrics.update(faults.metrics())
             last, images = step == cfg.trainer.total_steps, {}

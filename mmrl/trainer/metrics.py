@@ -76,6 +76,21 @@ def compute_data_metrics(
     return metrics
 
 
+def prompt_set_metrics(prompts: Batch) -> dict[str, float]:
+    """What ``data.max_prompt_length`` did to the encoded training set: ``data/filtered_prompts``
+    (dropped by ``data.filter_overlong_prompts``) and, where the processor truncates (VLM,
+    ``data.truncation``), ``data/truncated_prompts``; each also as a share of all prompts
+    (``*_frac``), which the run doctor reads."""
+    filtered = int(prompts.meta.get("num_filtered_prompts", 0))
+    total = len(prompts) + filtered
+    metrics = {"data/filtered_prompts": filtered, "data/filtered_prompt_frac": filtered / total}
+    if "num_truncated_prompts" in prompts.meta:
+        truncated = int(prompts.meta["num_truncated_prompts"])
+        metrics["data/truncated_prompts"] = truncated
+        metrics["data/truncated_prompt_frac"] = truncated / total
+    return metrics
+
+
 def memory_metrics(workers: Workers) -> dict[str, float]:
     """Peak memory so far, in GiB, over the driver and every worker process.
 
