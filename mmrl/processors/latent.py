@@ -26,25 +26,32 @@ def frame_windows(
     dataset_dir: str | Path, context: int, future: int, max_windows: int | None = None
 ) -> FrameWindows:
     """Every window of a trajectory dataset (or ``max_windows`` of them, evenly spaced, in
-    order)."""
+    order). Trajectories may differ in length (recorded episodes); one shorter than
+    ``context + future`` gives no window."""
     data = TrajectoryDataset(dataset_dir)
-    frames, actions = data.all_frames(), data.all_actions()
-    n, t = frames.shape[:2]
     span = context + future
-    if t < span:
+    starts = [(i, s) for i in range(len(data)) for s in range(data.num_frames(i) - span + 1)]
+    if not starts:
+        longest = max((data.num_frames(i) for i in range(len(data))), default=0)
         raise ValueError(
-            f"{dataset_dir}: trajectories have {t} frames, fewer than context + future = {span}"
+            f"{dataset_dir}: the longest trajectory has {longest} frames, fewer than context + "
+            f"future = {span}"
         )
-    starts = [(i, s) for i in range(n) for s in range(t - span + 1)]
     if max_windows is not None and max_windows < len(starts):
         pick = np.linspace(0, len(starts) - 1, max_windows).round().astype(int)
         starts = [starts[j] for j in pick]
+    context_frames, actions, future_frames = [], [], []
+    for i, s in starts:
+        traj = data.trajectory(i)  # consecutive windows share a trajectory: one read each
+        context_frames.append(traj.frames[s : s + context])
+        actions.append(traj.actions[s : s + span - 1])
+        future_frames.append(traj.frames[s + context : s + span])
     seeds = data.index["seeds"]
     env = {"name": data.info.env, "config": dict(data.index.get("env_config", {}))}
     return FrameWindows(
-        context=np.stack([frames[i, s : s + context] for i, s in starts]),
-        actions=np.stack([actions[i, s : s + span - 1] for i, s in starts]).astype(np.float32),
-        future=np.stack([frames[i, s + context : s + span] for i, s in starts]),
+        context=np.stack(context_frames),
+        actions=np.stack(actions).astype(np.float32),
+        future=np.stack(future_frames),
         env=env if data.info.env else None,
         sources=[{"trajectory": i, "seed": int(seeds[i]), "start": s} for i, s in starts],
     )

@@ -34,11 +34,11 @@ def load_latent_policy(model_dir: str | Path):
 
 def check_source_fits_latent(source: Any, policy: Any, ae: Any, where: str) -> None:
     """Raise unless the data's frame size and action dimension are the latent policy's."""
-    info, size, dim = source.info, ae.frame_size, policy.cfg.action_dim
-    if (info.height, info.width) != (size, size):
+    info, (h, w), dim = source.info, ae.frame_shape, policy.cfg.action_dim
+    if (info.height, info.width) != (h, w):
         raise ValueError(
             f"{where}: frames are {info.height}x{info.width}, the policy's autoencoder takes "
-            f"{size}x{size}"
+            f"{h}x{w}"
         )
     if info.action.dim != dim:
         raise ValueError(
@@ -100,3 +100,23 @@ def latent_reference_rows(windows: Any, ae: Any, future: int) -> dict[str, dict[
             k: _nanmean(v) for k, v in frame_scores(flat, windows.future, ok, windows.env).items()
         }
     return rows
+
+
+def compare_latent_base_and_rl(
+    base_dir: Path, rl_dir: Path, windows: Any, settings: Any, seed: int
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Both latent policy folders on the same held-out windows, greedy and sampled
+    (``settings`` has ``samples`` and ``temperature``), plus the base autoencoder's
+    references: ``{"base" | "rl": {decoding: metrics}, "reference": {name: metrics}}``."""
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for name, path in (("base", base_dir), ("rl", rl_dir)):
+        policy, ae = load_latent_policy(path)
+        table[name] = {
+            "greedy": evaluate_latent(policy, ae, windows, True, seed=seed).metrics,
+            "sampled": evaluate_latent(
+                policy, ae, windows, False, settings.samples, seed, settings.temperature
+            ).metrics,
+        }
+        if name == "base":
+            table["reference"] = latent_reference_rows(windows, ae, windows.future.shape[1])
+    return {k: table[k] for k in ("base", "rl", "reference")}

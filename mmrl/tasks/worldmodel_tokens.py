@@ -109,16 +109,6 @@ class WorldModelTokensTask(Task):
         test = load_windows(TrajectoryDataset(test_dir), k, f, self.cfg.eval.windows, seed=0)
         return TaskData(train=train, val=val, test=test)
 
-    @staticmethod
-    def _check_verifiers_need_no_env(reward: Any) -> None:
-        """Recorded video has no renderer to read states from: refuse state-match rewards."""
-        names = [v.alias or v.name for v in reward.verifiers if v.name == "state_match"]
-        if names:
-            raise ValueError(
-                f"reward.verifiers has {names}, which reads states from a known environment's "
-                "frames; recorded videos have none: use task=worldmodel_videos or remove them"
-            )
-
     def build_prompt_processor(self, model_path: Path, cfg: RunConfig) -> WorldModelPromptProcessor:
         from mmrl.processors.worldmodel import WorldModelPromptProcessor
         from mmrl.tasks.worldmodel_eval import TOKENIZER_SUBDIR
@@ -133,7 +123,11 @@ class WorldModelTokensTask(Task):
                 "set it to 'keep'"
             )
         if self.pretrain_cfg.data.videos:
-            self._check_verifiers_need_no_env(cfg.reward)
+            from mmrl.worldmodel.video_import import refuse_state_verifiers
+
+            refuse_state_verifiers(
+                cfg.reward.verifiers, "use task=worldmodel_videos or remove them"
+            )
         model_path = Path(model_path)
         tokens = TokenWorldModelProcessor.from_json(
             json.loads((model_path / PROCESSOR_FILE).read_text())

@@ -34,8 +34,25 @@ class AEConfig:
     kl_weight: float = 1e-3
 
 
-def build_ae_model(cfg: AEConfig, frame_size: int) -> AutoencoderKL:
+def build_ae_model(cfg: AEConfig, frame_shape: int | tuple[int, int]) -> AutoencoderKL:
+    """An untrained autoencoder for ``frame_shape`` (height, width; an int: square) frames;
+    each side must be a multiple of the downsampling factor,
+    ``2 ** (len(block_out_channels) - 1)``."""
+    if isinstance(frame_shape, int):
+        frame_shape = (frame_shape, frame_shape)
+    frame_shape = (int(frame_shape[0]), int(frame_shape[1]))
     n = len(cfg.block_out_channels)
+    down = 2 ** (n - 1)
+    if any(side % down for side in frame_shape):
+        h, w = frame_shape
+        raise ValueError(
+            f"frames are {h}x{w}, but the latent autoencoder's {n} blocks downsample by {down}, "
+            f"so each side must be a multiple of {down}: resize the frames (for videos, "
+            f"task.data.resize=[{h // down * down or down},{w // down * down or down}]) or "
+            "change task.autoencoder.block_out_channels"
+        )
+    # A square frame keeps an int sample_size, as autoencoders saved before non-square support.
+    size = frame_shape[0] if frame_shape[0] == frame_shape[1] else list(frame_shape)
     return AutoencoderKL(
         in_channels=3,
         out_channels=3,
@@ -45,7 +62,7 @@ def build_ae_model(cfg: AEConfig, frame_size: int) -> AutoencoderKL:
         layers_per_block=cfg.layers_per_block,
         latent_channels=cfg.latent_channels,
         norm_num_groups=cfg.norm_num_groups,
-        sample_size=frame_size,
+        sample_size=size,
         scaling_factor=1.0,
         shift_factor=0.0,
         force_upcast=False,
@@ -59,9 +76,11 @@ class LatentAutoencoder:
     def __init__(self, model: AutoencoderKL) -> None:
         self.model = model.eval()
         cfg = model.config
-        self.frame_size = int(cfg.sample_size)
-        side = self.frame_size // 2 ** (len(cfg.block_out_channels) - 1)
-        self.latent_shape = (int(cfg.latent_channels), side, side)
+        size = cfg.sample_size
+        h, w = (size, size) if isinstance(size, int) else size
+        self.frame_shape = (int(h), int(w))  # (height, width) of the frames it takes
+        down = 2 ** (len(cfg.block_out_channels) - 1)
+        self.latent_shape = (int(cfg.latent_channels), int(h) // down, int(w) // down)
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> LatentAutoencoder:
@@ -75,6 +94,12 @@ class LatentAutoencoder:
         """``frames uint8 [N, H, W, 3]`` -> latents ``float32 [N, C, h, w]`` (posterior mean,
         standardised).
         """
+        if len(frames) and tuple(frames.shape[1:3]) != self.frame_shape:
+            h, w = self.frame_shape
+            raise ValueError(
+                f"the latent autoencoder takes {h}x{w} frames, found "
+                f"{frames.shape[1]}x{frames.shape[2]}"
+            )
         cfg = self.model.config
         out = [
             self.model.encode(F.to_tensor(frames[s])).latent_dist.mean
@@ -96,11 +121,7 @@ class LatentAutoencoder:
         out = [
             F.to_frames(self.model.decode(raw[s]).sample) for s in F.batches(len(raw), batch_size)
         ]
-        return (
-            np.concatenate(out)
-            if out
-            else np.zeros((0, self.frame_size, self.frame_size, 3), np.uint8)
-        )
+        return np.concatenate(out) if out else np.zeros((0, *self.frame_shape, 3), np.uint8)
 
 
 def train_latent_ae(
@@ -121,7 +142,7 @@ def train_latent_ae(
         return LatentAutoencoder.from_pretrained(out_dir)
     frames = F.load_frames(dataset_dir)
     torch.manual_seed(train.seed)
-    model = build_ae_model(cfg, frames.shape[1])
+    model = build_ae_model(cfg, frames.shape[1:3])
     start = time.perf_counter()
     losses = _fit(model, frames, cfg, train, progress)
     ae = LatentAutoencoder(model)

@@ -18,13 +18,19 @@ def latent_windows(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """All windows: ``context [M, K, C, h, w]``, ``actions [M, K, A]``, ``target [M, C, h, w]``."""
     data = TrajectoryDataset(dataset_dir)
-    frames, actions = data.all_frames(), torch.from_numpy(data.all_actions())
-    n, t = frames.shape[:2]
-    z = ae.encode(frames.reshape(-1, *frames.shape[2:])).reshape(n, t, *ae.latent_shape)
-    starts = [(i, s) for i in range(n) for s in range(t - context)]
-    ctx = torch.stack([z[i, s : s + context] for i, s in starts])
-    act = torch.stack([actions[i, s : s + context] for i, s in starts])
-    target = torch.stack([z[i, s + context] for i, s in starts])
+    # Recorded episodes differ in length: encode all frames at once, then split per trajectory.
+    lengths = [data.num_frames(i) for i in range(len(data))]
+    z_all = ae.encode(np.concatenate(list(data.frames())))
+    ctx, act, target = [], [], []
+    for i, z in enumerate(torch.split(z_all, lengths)):
+        actions = torch.from_numpy(data.trajectory(i).actions)
+        for s in range(lengths[i] - context):
+            ctx.append(z[s : s + context])
+            act.append(actions[s : s + context])
+            target.append(z[s + context])
+    if not ctx:
+        raise ValueError(f"{dataset_dir}: no trajectory has more than {context} frames")
+    ctx, act, target = torch.stack(ctx), torch.stack(act), torch.stack(target)
     return ctx, act, target
 
 

@@ -17,8 +17,7 @@ from mmrl.worldmodel.data import TrajectoryDataset, generate_splits
 from mmrl.worldmodel.envs import make_env
 from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
 from mmrl.worldmodel.tokenizer import VQTokenizer
-from mmrl.worldmodel.video import VideoOptions
-from mmrl.worldmodel.video_import import VideoSplit, check_not_video_folder, import_videos
+from mmrl.worldmodel.video_import import VideoSource, check_not_video_folder, import_videos
 
 if TYPE_CHECKING:
     from mmrl.worldmodel.pretrain import PretrainConfig
@@ -27,7 +26,10 @@ IGNORE = -100
 
 
 @dataclass
-class DataSection:
+class DataSection(VideoSource):
+    """Where pretraining data comes from: ``env`` generates it, ``videos`` (the
+    :class:`VideoSource` keys) imports recordings instead."""
+
     env: str = "grid"
     env_config: dict[str, Any] = field(default_factory=dict)
     dir: str = "outputs/worldmodel/grid/data"
@@ -40,29 +42,6 @@ class DataSection:
     # "prompt": all K+F-1 actions in the prompt. "interleaved": the response is
     # v(f_K) <action> A(a_K) <frame> v(f_K+1) ..., the actions teacher-forced (never learned).
     action_form: str = "prompt"
-    # Recorded videos instead of an environment (see VideoSplit and VideoOptions).
-    videos: str | None = None
-    val_videos: str | None = None
-    test_videos: str | None = None
-    val_fraction: float = 0.15
-    test_fraction: float = 0.15
-    sidecar: str | None = None
-    num_actions: int | None = None
-    fps: float | None = None
-    frame_skip: int = 1
-    crop: list[int] | None = None
-    resize: list[int] | None = None
-
-    def video_split(self, seed: int) -> VideoSplit:
-        return VideoSplit(
-            str(self.videos), self.val_videos, self.test_videos, self.val_fraction,
-            self.test_fraction, seed,
-        )  # fmt: skip
-
-    def video_options(self) -> VideoOptions:
-        return VideoOptions(
-            self.sidecar, self.num_actions, self.fps, self.frame_skip, self.crop, self.resize
-        )
 
 
 def prepare_data(cfg: PretrainConfig) -> tuple[Path, Path, Path]:
@@ -73,7 +52,7 @@ def prepare_data(cfg: PretrainConfig) -> tuple[Path, Path, Path]:
     Checks come first, so bad input writes nothing.
     """
     d, root = cfg.data, Path(cfg.data.dir)
-    videos = (d.videos, d.val_videos, d.test_videos)
+    videos = d.folders()
     for key, folder in (("data.dir", root), ("output_dir", cfg.output_dir)):
         check_not_video_folder(folder, key, videos)
     if d.videos:

@@ -37,6 +37,52 @@ class VideoSplit:
     seed: int = 0
 
 
+@dataclass
+class VideoSource:
+    """The ``data.*`` keys that read recorded videos, shared by every world-model task.
+
+    The token route nests them under ``task.pretrain.data``, the latent route under
+    ``task.data``; they mean the same everywhere (see docs/worldmodel.md, "Your own videos").
+    """
+
+    videos: str | None = None  # folder of videos + action sidecars; None: no recordings
+    val_videos: str | None = None  # held-out folder; None: val_fraction of the episodes
+    test_videos: str | None = None  # test folder; None: test_fraction of the episodes
+    val_fraction: float = 0.15  # split by episode (whole files), drawn with the data seed
+    test_fraction: float = 0.15
+    sidecar: str | None = None  # actions file pattern, e.g. "{stem}.actions.csv"
+    num_actions: int | None = None  # discrete action ids in [0, N); None: continuous
+    fps: float | None = None  # keep every (video fps / fps)-th frame
+    frame_skip: int = 1  # keep every n-th frame (when fps is None)
+    crop: list[int] | None = None  # [top, left, height, width] before resizing
+    resize: list[int] | None = None  # [height, width]; needed for mixed resolutions
+
+    def video_split(self, seed: int) -> VideoSplit:
+        return VideoSplit(
+            str(self.videos), self.val_videos, self.test_videos, self.val_fraction,
+            self.test_fraction, seed,
+        )  # fmt: skip
+
+    def video_options(self) -> VideoOptions:
+        return VideoOptions(
+            self.sidecar, self.num_actions, self.fps, self.frame_skip, self.crop, self.resize
+        )
+
+    def folders(self) -> tuple[str | None, str | None, str | None]:
+        return self.videos, self.val_videos, self.test_videos
+
+
+def refuse_state_verifiers(verifiers: list, fix: str) -> None:
+    """Recorded video has no renderer to read states from: raise on ``state_match`` verifiers
+    (``reward.verifiers`` entries with ``name`` and ``alias``); ``fix`` says what to use."""
+    names = [v.alias or v.name for v in verifiers if v.name == "state_match"]
+    if names:
+        raise ValueError(
+            f"reward.verifiers has {names}, which reads states from a known environment's "
+            f"frames; recorded videos have none: {fix}"
+        )
+
+
 def split_videos(split: VideoSplit) -> dict[str, list[Path]]:
     """The video files of each split, in sorted order within a split."""
     files = list_videos(split.videos)
