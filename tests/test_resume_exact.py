@@ -128,6 +128,22 @@ def test_a_dead_worker_restarts_from_the_checkpoint_and_the_run_finishes(
     assert_same_run(out, two_worker_run, ignore=("fault/",))
 
 
+def test_a_worker_dead_before_the_first_checkpoint_restarts_the_run_from_its_start(
+    tmp_path, warm_model_dir, two_worker_run
+):
+    """No checkpoint yet (save_freq beyond the run): the restart begins at step 1 from the
+    initial state (prompt order, KL controller, RNGs), and the run ends as if nothing died."""
+    out = tmp_path / "fault"
+    extra = ("trainer.n_workers_per_node=2", "trainer.max_restarts=1", "trainer.save_freq=100")
+    assert train(out, warm_model_dir, *extra, kill_at="worker:after_step:1") == 0
+    (fault,) = [json.loads(x) for x in (out / "faults.jsonl").read_text().splitlines()]
+    assert fault["resumed_from"] is None and fault["step"] == 2 and fault["dead_rank"] == 1
+    rows = comparable(history(out))
+    assert rows[1]["fault/restarts"] == 1 and "fault/restarts" not in rows[0]
+    assert sorted(p.name for p in out.glob("global_step_*")) == ["global_step_5"]  # the last
+    assert_same_run(out, two_worker_run, ignore=("fault/",))
+
+
 def test_a_two_worker_checkpoint_loads_into_one_worker_bit_for_bit(
     tmp_path, warm_model_dir, two_worker_run
 ):
