@@ -5,6 +5,7 @@ from mmrl.tasks import (  # noqa: F401  (registers the tasks)
     vision_parquet,
     visual_comparison,
     visual_counting,
+    worldmodel_flow,
     worldmodel_latent,
     worldmodel_tokens,
 )

@@ -47,11 +47,17 @@ def check_source_fits_latent(source: Any, policy: Any, ae: Any, where: str) -> N
 
 
 def predict_latent(
-    policy: Any, ae: Any, windows: Any, greedy: bool, temperature: float = 1.0, seed: int = 0
+    policy: Any,
+    ae: Any,
+    windows: Any,
+    greedy: bool,
+    temperature: float = 1.0,
+    seed: int = 0,
+    family: str = "latent",
 ) -> np.ndarray:
-    """Frames ``uint8 [N, F, H, W, 3]`` predicted for ``windows`` by a latent policy: its means
-    (``greedy``) or samples at ``temperature``, through the same processor and rollout engine as
-    RL."""
+    """Frames ``uint8 [N, F, H, W, 3]`` predicted for ``windows`` by a latent policy of the
+    policy family ``family``: greedy (its means, a flow policy's ODE) or sampled at
+    ``temperature``, through the same processor and rollout engine as RL."""
     from mmrl.models import get_family
     from mmrl.processors.latent import LatentWorldModelProcessor
     from mmrl.rollout.module import ModuleRollout
@@ -62,7 +68,7 @@ def predict_latent(
     sampling = SamplingParams(
         **processor.sampling_overrides(), do_sample=not greedy, temperature=temperature, seed=seed
     )
-    engine = ModuleRollout(policy, get_family("latent"))
+    engine = ModuleRollout(policy, get_family(family))
     return processor.decode(engine.generate(prompts, sampling))["pred_frames"].numpy()
 
 
@@ -74,12 +80,14 @@ def evaluate_latent(
     samples: int = 1,
     seed: int = 0,
     temperature: float = 1.0,
+    family: str = "latent",
 ) -> EvalResult:
-    """Like :func:`evaluate_model` for a latent policy (greedy: the means; no invalid frames)."""
+    """Like :func:`evaluate_model` for a latent policy of the family ``family`` (greedy: the
+    means, or a flow policy's ODE; no invalid frames)."""
     ok = np.ones(len(windows), bool)
     per_run, first = [], None
     for r in range(1 if greedy else samples):
-        frames = predict_latent(policy, ae, windows, greedy, temperature, seed + 7919 * r)
+        frames = predict_latent(policy, ae, windows, greedy, temperature, seed + 7919 * r, family)
         first = frames if first is None else first
         per_run.append(frame_scores(frames, windows.future, ok, windows.env))
     return summarize_runs(per_run, first)

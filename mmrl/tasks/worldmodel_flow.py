@@ -1,0 +1,185 @@
+"""Flow-matching world-model RL: GRPO over the denoising steps of a velocity model.
+
+The latent world-model task (:mod:`mmrl.tasks.worldmodel_latent`) with a flow-matching
+policy (:mod:`mmrl.models.flow_policy`) in place of the Gaussian head: the same trajectory
+windows, autoencoder, prompt processor and frame verifiers (by default -(MAE + LPIPS)).
+:meth:`WorldModelFlowTask.initial_model` pretrains the velocity by flow matching, cached
+under ``task.work_dir`` by a hash of its settings (the sampler settings are written into
+the policy's ``flow_policy.json`` and need no retraining). After RL, :meth:`on_fit_end`
+compares the pretrained and the RL policy on the test split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mmrl.models.flow_policy import CONFIG_FILE, SAMPLER_KEYS, FlowPolicyConfig
+from mmrl.models.latent_policy import AUTOENCODER_DIR
+from mmrl.tasks.base import register_task, task_config
+from mmrl.tasks.worldmodel_latent import WorldModelLatentConfig, WorldModelLatentTask
+from mmrl.worldmodel import frames as F
+from mmrl.worldmodel.envs import make_env
+
+if TYPE_CHECKING:
+    from mmrl.config import RunConfig
+
+log = logging.getLogger(__name__)
+POLICY_DIR = "flow_policy_init"  # under task.work_dir, beside the latent task's policy_init/
+
+
+@dataclass
+class FlowSamplerConfig:
+    """How the velocity model samples as a policy (``flow_policy.json``; no retraining)."""
+
+    num_steps: int = 8  # denoising steps per predicted frame; the last is deterministic
+    noise_level: float = 0.7  # the SDE's a: sigma_t = a sqrt(t / (1 - t)); 0 is the ODE
+    train_steps: int = 0  # stochastic steps per frame RL trains on, drawn per rollout; 0: all
+
+
+@dataclass
+class FlowPretrainConfig:
+    """Flow-matching pretraining of the velocity: a budget fixed before RL."""
+
+    steps: int = 800
+    batch_size: int = 64
+    lr: float = 1e-3
+    val_every: int = 100
+
+
+@dataclass
+class FlowHeldOutEval:
+    """The final base-vs-RL comparison on the test split."""
+
+    windows: int = 128  # test windows, evenly spaced over the split
+    samples: int = 2  # sampled predictions per window (greedy, the ODE, uses one)
+    temperature: float = 1.0  # multiplies the noise level when sampling
+
+
+@dataclass
+class WorldModelFlowConfig(WorldModelLatentConfig):
+    name: str = "worldmodel_flow"
+    work_dir: str = "outputs/worldmodel_latent/push"  # shares the latent task's data and AE
+    # FlowVelocityPolicy architecture overrides (block_out_channels, layers_per_block, ...)
+    policy: dict[str, Any] = field(default_factory=dict)
+    sampler: FlowSamplerConfig = field(default_factory=FlowSamplerConfig)
+    pretrain: FlowPretrainConfig = field(default_factory=FlowPretrainConfig)
+    eval: FlowHeldOutEval = field(default_factory=FlowHeldOutEval)
+
+
+@register_task("worldmodel_flow")
+class WorldModelFlowTask(WorldModelLatentTask):
+    """The latent task's data, autoencoder and processor; a flow policy to start from."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg: WorldModelFlowConfig = task_config(WorldModelFlowConfig, cfg)
+        self.name = self.cfg.name
+
+    def policy_config(self) -> FlowPolicyConfig:
+        """The flow policy's architecture and sampler for this task's environment and AE."""
+        c = self.cfg
+        action_dim = make_env(c.env, **c.env_config).action_spec.dim
+        return FlowPolicyConfig(
+            **{
+                "context": c.context,
+                "action_dim": action_dim,
+                "latent_channels": c.autoencoder.latent_channels,
+                **c.policy,
+                **asdict(c.sampler),
+            }
+        )
+
+    def initial_model(self, cfg: RunConfig) -> tuple[Path, dict[str, float]]:
+        """The pretrained flow policy folder (with its ``autoencoder/``), made once per
+        architecture and pretraining settings; the sampler settings are (re)written into it."""
+        c = self.cfg
+        train_dir, val_dir, _ = self.data_dirs()  # the test split stays unseen
+        ae = self.autoencoder()
+        ae_record = json.loads((Path(c.work_dir) / "ae" / F.CACHE_FILE).read_text())
+        policy_cfg = dataclasses.replace(self.policy_config(), latent_size=ae.latent_shape[1])
+        weights = {k: v for k, v in asdict(policy_cfg).items() if k not in SAMPLER_KEYS}
+        out = Path(c.work_dir) / POLICY_DIR
+        key = F.cache_key(
+            train_dir,
+            kind="flow_policy",
+            ae_key=ae_record["key"],
+            policy=weights,
+            pretrain=asdict(c.pretrain),
+            seed=c.seed,
+        )
+        record = F.cached(out, key)
+        if record is None:
+            record = self._pretrain_flow(ae, policy_cfg, train_dir, val_dir, out)
+            F.write_cache(out, key, record)
+        saved = json.loads((out / CONFIG_FILE).read_text())
+        (out / CONFIG_FILE).write_text(json.dumps({**saved, **asdict(c.sampler)}, indent=1))
+        metrics = {
+            f"pretrain/{k}": float(v)
+            for k, v in record.items()
+            if k in ("val_loss", "val_mse", "steps")
+        }
+        metrics["pretrain/ae_psnr"] = float(ae_record["psnr"])
+        return out, metrics
+
+    def _pretrain_flow(self, ae, policy_cfg, train_dir: Path, val_dir: Path, out: Path) -> dict:
+        import torch
+
+        from mmrl.models.flow_policy import FlowVelocityPolicy
+        from mmrl.worldmodel.flow_pretrain import pretrain_flow_policy
+        from mmrl.worldmodel.latent_pretrain import latent_windows
+
+        c, p = self.cfg, self.cfg.pretrain
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(c.seed)
+            policy = FlowVelocityPolicy(policy_cfg)
+            history = pretrain_flow_policy(
+                policy,
+                latent_windows(train_dir, ae, c.context),
+                latent_windows(val_dir, ae, c.context),
+                steps=p.steps,
+                batch_size=p.batch_size,
+                lr=p.lr,
+                val_every=p.val_every,
+                seed=c.seed,
+                progress=c.progress_bar,
+            )
+        policy.save_pretrained(out)
+        ae.save_pretrained(out / AUTOENCODER_DIR)
+        last = history[-1]
+        log.info("flow policy pretrained: %s", last)
+        return {"steps": p.steps, "val_loss": last["val/loss"], "val_mse": last["val/mse"]}
+
+    def on_fit_end(
+        self, cfg: RunConfig, base_dir: Path, actor_dir: Path, history: list[dict]
+    ) -> dict[str, Any]:
+        """Base and RL policy on the test split, ODE (greedy) and SDE-sampled, scored as
+        validation scores (``worldmodel_eval.json``: ``{model: {decoding: metrics}}``)."""
+        import numpy as np
+
+        from mmrl.models.flow_policy import FlowVelocityPolicy
+        from mmrl.tasks.worldmodel_eval_latent import evaluate_latent
+        from mmrl.worldmodel.latent_ae import LatentAutoencoder
+
+        e = self.cfg.eval
+        test = self.build_data(cfg.trainer.seed).test
+        if e.windows < len(test):
+            test = test[np.linspace(0, len(test) - 1, e.windows).round().astype(int)]
+        table: dict[str, dict[str, dict[str, float]]] = {}
+        for name, folder in (("base", Path(base_dir)), ("rl", Path(actor_dir))):
+            policy = FlowVelocityPolicy.from_pretrained(folder).float().eval()
+            ae = LatentAutoencoder.from_pretrained(folder / AUTOENCODER_DIR)
+            for decoding in ("greedy", "sampled"):
+                result = evaluate_latent(
+                    policy, ae, test, decoding == "greedy", e.samples, cfg.trainer.seed,
+                    e.temperature, family="flow_latent",
+                )  # fmt: skip
+                table.setdefault(name, {})[decoding] = result.metrics
+        (cfg.output_dir / "worldmodel_eval.json").write_text(json.dumps(table, indent=1))
+        return {"worldmodel_eval": table}
+
+
+__all__ = ["WorldModelFlowConfig", "WorldModelFlowTask"]
