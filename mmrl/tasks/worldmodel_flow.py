@@ -23,7 +23,7 @@ from mmrl.models.latent_policy import AUTOENCODER_DIR
 from mmrl.tasks.base import register_task, task_config
 from mmrl.tasks.worldmodel_latent import WorldModelLatentConfig, WorldModelLatentTask
 from mmrl.worldmodel import frames as F
-from mmrl.worldmodel.envs import make_env
+from mmrl.worldmodel.data import TrajectoryDataset
 
 if TYPE_CHECKING:
     from mmrl.config import RunConfig
@@ -78,11 +78,12 @@ class WorldModelFlowTask(WorldModelLatentTask):
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg: WorldModelFlowConfig = task_config(WorldModelFlowConfig, cfg)
         self.name = self.cfg.name
+        self._dirs: tuple[Path, Path, Path] | None = None
 
     def policy_config(self) -> FlowPolicyConfig:
         """The flow policy's architecture and sampler for this task's environment and AE."""
         c = self.cfg
-        action_dim = make_env(c.env, **c.env_config).action_spec.dim
+        action_dim = TrajectoryDataset(self.data_dirs()[0]).info.action.dim
         return FlowPolicyConfig(
             **{
                 "context": c.context,
