@@ -51,3 +51,28 @@ def test_train_worldmodel_flow_runs_steps_and_writes_the_test_comparison(tmp_pat
     for model in ("base", "rl"):
         for decoding in ("greedy", "sampled"):
             assert np.isfinite(table[model][decoding]["lpips"]), (model, decoding)
+
+
+@pytest.mark.slow
+def test_train_worldmodel_flow_on_two_ray_fsdp_workers(tmp_path):
+    """The same run on two Ray workers: each rank samples its share of the denoising paths and
+    FSDP2 shards the velocity model; the recomputed log-probs still match the rollout's."""
+    from mmrl.config import load_config
+    from mmrl.trainer.fit import fit
+
+    out = tmp_path / "run"
+    cfg = load_config(
+        run_overrides(
+            out,
+            *TINY,
+            f"task.work_dir={tmp_path / 'work'}",
+            "trainer.n_workers_per_node=2",
+            "trainer.total_steps=1",
+            "trainer.test_freq=1",
+        )
+    )
+    row = fit(cfg).history[-1]
+    for key in ("actor/pg_loss", "actor/kl_loss", "val/score/mean"):
+        assert np.isfinite(row[key]), key
+    assert row["rollout/logprob_diff_max"] < 1e-4
+    assert (out / "worldmodel_eval.json").is_file()
