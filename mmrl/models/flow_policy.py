@@ -12,16 +12,14 @@ the sampler as one policy step (:mod:`mmrl.models.flow_family`).
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from diffusers import UNet2DModel
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-from mmrl.models.latent_policy import carry_autoencoder
+from mmrl.models.latent_policy import load_policy_folder, save_policy_folder
 
 WEIGHTS_FILE, CONFIG_FILE = "flow_policy.safetensors", "flow_policy.json"
 # The FlowPolicyConfig fields that do not change the weights: pretraining does not depend on them.
@@ -121,24 +119,11 @@ class FlowVelocityPolicy(nn.Module):
     ) -> None:
         """Write ``flow_policy.safetensors`` + ``flow_policy.json`` (``state_dict``: the gathered
         weights of a sharded policy) and copy the ``autoencoder/`` it was loaded with."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        state = self.state_dict() if state_dict is None else state_dict
-        save_file(
-            {k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / WEIGHTS_FILE)
-        )
-        (path / CONFIG_FILE).write_text(json.dumps(asdict(self.cfg), indent=1))
-        carry_autoencoder(self.name_or_path, path)
+        save_policy_folder(self, Path(path), state_dict, WEIGHTS_FILE, CONFIG_FILE)
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> FlowVelocityPolicy:
-        path = Path(path)
-        if not (path / CONFIG_FILE).is_file():
-            raise FileNotFoundError(f"{path} holds no {CONFIG_FILE}: not a flow policy folder")
-        policy = cls(FlowPolicyConfig(**json.loads((path / CONFIG_FILE).read_text())))
-        policy.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
-        policy.name_or_path = str(path)
-        return policy
+        return load_policy_folder(cls, FlowPolicyConfig, Path(path), WEIGHTS_FILE, CONFIG_FILE)
 
 
 def flow_matching_loss(

@@ -16,6 +16,7 @@ import math
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -173,24 +174,41 @@ class GaussianLatentPolicy(nn.Module):
     ) -> None:
         """Write ``latent_policy.safetensors`` + ``latent_policy.json`` (``state_dict``: the
         gathered weights of a sharded policy) and copy the ``autoencoder/`` it was loaded with."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        state = self.state_dict() if state_dict is None else state_dict
-        save_file(
-            {k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / WEIGHTS_FILE)
-        )
-        (path / CONFIG_FILE).write_text(json.dumps(asdict(self.cfg), indent=1))
-        carry_autoencoder(self.name_or_path, path)
+        save_policy_folder(self, Path(path), state_dict, WEIGHTS_FILE, CONFIG_FILE)
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> GaussianLatentPolicy:
-        path = Path(path)
-        if not (path / CONFIG_FILE).is_file():
-            raise FileNotFoundError(f"{path} holds no {CONFIG_FILE}: not a latent policy folder")
-        policy = cls(LatentPolicyConfig(**json.loads((path / CONFIG_FILE).read_text())))
-        policy.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
-        policy.name_or_path = str(path)
-        return policy
+        return load_policy_folder(cls, LatentPolicyConfig, Path(path), WEIGHTS_FILE, CONFIG_FILE)
+
+
+def save_policy_folder(
+    policy: nn.Module,
+    path: Path,
+    state_dict: dict | None,
+    weights_file: str,
+    config_file: str,
+) -> None:
+    """A latent-space policy's folder: safetensors weights, its config as JSON (``policy.cfg``)
+    and the ``autoencoder/`` of the folder it was loaded from."""
+    path.mkdir(parents=True, exist_ok=True)
+    state = policy.state_dict() if state_dict is None else state_dict
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / weights_file)
+    )
+    (path / config_file).write_text(json.dumps(asdict(policy.cfg), indent=1))
+    carry_autoencoder(policy.name_or_path, path)
+
+
+def load_policy_folder(
+    cls: type, config_cls: type, path: Path, weights_file: str, config_file: str
+) -> Any:
+    """The policy ``cls`` from a folder that :func:`save_policy_folder` wrote."""
+    if not (path / config_file).is_file():
+        raise FileNotFoundError(f"{path} holds no {config_file}: not a {cls.__name__} folder")
+    policy = cls(config_cls(**json.loads((path / config_file).read_text())))
+    policy.load_state_dict(load_file(str(path / weights_file)))
+    policy.name_or_path = str(path)
+    return policy
 
 
 def carry_autoencoder(source: str | Path | None, dest: Path) -> None:

@@ -127,32 +127,14 @@ class WorldModelFlowTask(WorldModelLatentTask):
         return out, metrics
 
     def _pretrain_flow(self, ae, policy_cfg, train_dir: Path, val_dir: Path, out: Path) -> dict:
-        import torch
-
         from mmrl.models.flow_policy import FlowVelocityPolicy
         from mmrl.worldmodel.flow_pretrain import pretrain_flow_policy
-        from mmrl.worldmodel.latent_pretrain import latent_windows
 
-        c, p = self.cfg, self.cfg.pretrain
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(c.seed)
-            policy = FlowVelocityPolicy(policy_cfg)
-            history = pretrain_flow_policy(
-                policy,
-                latent_windows(train_dir, ae, c.context),
-                latent_windows(val_dir, ae, c.context),
-                steps=p.steps,
-                batch_size=p.batch_size,
-                lr=p.lr,
-                val_every=p.val_every,
-                seed=c.seed,
-                progress=c.progress_bar,
-            )
-        policy.save_pretrained(out)
-        ae.save_pretrained(out / AUTOENCODER_DIR)
-        last = history[-1]
-        log.info("flow policy pretrained: %s", last)
-        return {"steps": p.steps, "val_loss": last["val/loss"], "val_mse": last["val/mse"]}
+        last = self._fit_policy(
+            FlowVelocityPolicy, policy_cfg, pretrain_flow_policy, ae, train_dir, val_dir, out
+        )
+        steps = self.cfg.pretrain.steps
+        return {"steps": steps, "val_loss": last["val/loss"], "val_mse": last["val/mse"]}
 
     def on_fit_end(
         self, cfg: RunConfig, base_dir: Path, actor_dir: Path, history: list[dict]

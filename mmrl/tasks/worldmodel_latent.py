@@ -186,13 +186,32 @@ class WorldModelLatentTask(Task[FrameWindows]):
     def _pretrain(
         self, ae, policy_cfg, train_dir: Path, val_dir: Path, out: Path
     ) -> dict[str, float]:
+        last = self._fit_policy(
+            GaussianLatentPolicy, policy_cfg, pretrain_latent_policy, ae, train_dir, val_dir, out
+        )
+        steps = self.cfg.pretrain.steps
+        return {"steps": steps, "val_nll": last["val/nll"], "val_mse": last["val/mse"]}
+
+    def _fit_policy(
+        self,
+        policy_class: type,
+        policy_cfg: Any,
+        pretrain: Any,
+        ae: LatentAutoencoder,
+        train_dir: Path,
+        val_dir: Path,
+        out: Path,
+    ) -> dict[str, float]:
+        """Build ``policy_class(policy_cfg)`` under the task's seed, pretrain it with ``pretrain``
+        on the training and validation windows, save it with its autoencoder under ``out``, and
+        return the last validation record."""
         import torch
 
         c, p = self.cfg, self.cfg.pretrain
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(c.seed)
-            policy = GaussianLatentPolicy(policy_cfg)
-            history = pretrain_latent_policy(
+            policy = policy_class(policy_cfg)
+            history = pretrain(
                 policy,
                 latent_windows(train_dir, ae, c.context),
                 latent_windows(val_dir, ae, c.context),
@@ -205,9 +224,8 @@ class WorldModelLatentTask(Task[FrameWindows]):
             )
         policy.save_pretrained(out)
         ae.save_pretrained(out / AUTOENCODER_DIR)
-        last = history[-1]
-        log.info("latent policy pretrained: %s", last)
-        return {"steps": p.steps, "val_nll": last["val/nll"], "val_mse": last["val/mse"]}
+        log.info("%s pretrained: %s", policy_class.__name__, history[-1])
+        return history[-1]
 
     def build_prompt_processor(self, model_path: Path, cfg: RunConfig) -> LatentWorldModelProcessor:
         ae_dir = Path(model_path) / AUTOENCODER_DIR
