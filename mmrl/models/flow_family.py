@@ -35,6 +35,7 @@ from mmrl.models.flow_sde import (
     step_log_prob,
     time_grid,
 )
+from mmrl.models.latent_family import latent_sampling_generator
 from mmrl.protocol import Batch
 from mmrl.sampling import FRAME_END_KEY, SamplingParams
 
@@ -124,21 +125,7 @@ class FlowLatentFamily(PolicyFamily):
         cfg = model.cfg
         context, actions = prompts["context_latents"], prompts["actions"]
         (b, k), f, s = context.shape[:2], sampling.max_tokens, cfg.num_steps
-        if actions.shape[1] != k + f - 1:
-            raise ValueError(
-                f"sampling {f} latent frames after {k} context frames needs actions "
-                f"[B, {k + f - 1}, A], found {list(actions.shape)} (max_tokens comes from the "
-                "processor's sampling_overrides)"
-            )
-        if sampling.do_sample and sampling.temperature <= 0:
-            raise ValueError(
-                f"sampling a flow policy's SDE needs temperature > 0, found {sampling.temperature}"
-            )
-        generator = torch.Generator()
-        if sampling.seed is not None:
-            generator.manual_seed(sampling.seed)
-        else:
-            generator.seed()
+        generator = latent_sampling_generator(prompts, sampling, "a flow policy's SDE")
         was_training = model.training
         model.eval()
         grid = time_grid(s).to(context)

@@ -70,21 +70,7 @@ class LatentFamily(PolicyFamily):
     ) -> Batch:
         context, actions = prompts["context_latents"], prompts["actions"]
         k, f = context.shape[1], sampling.max_tokens
-        if actions.shape[1] != k + f - 1:
-            raise ValueError(
-                f"sampling {f} latent frames after {k} context frames needs actions "
-                f"[B, {k + f - 1}, A], found {list(actions.shape)} (max_tokens comes from the "
-                "processor's sampling_overrides)"
-            )
-        if sampling.do_sample and sampling.temperature <= 0:
-            raise ValueError(
-                f"sampling a Gaussian needs temperature > 0, found {sampling.temperature}"
-            )
-        generator = torch.Generator()
-        if sampling.seed is not None:
-            generator.manual_seed(sampling.seed)
-        else:
-            generator.seed()
+        generator = latent_sampling_generator(prompts, sampling, "a Gaussian")
         was_training = model.training
         model.eval()
         window, latents, log_probs = context, [], []
@@ -101,6 +87,30 @@ class LatentFamily(PolicyFamily):
             window = torch.cat([window[:, 1:], z.unsqueeze(1)], dim=1)
         model.train(was_training)
         return finish_latent_rollout(prompts, torch.stack(latents, 1), torch.stack(log_probs, 1))
+
+
+def latent_sampling_generator(
+    prompts: Batch, sampling: SamplingParams, what: str
+) -> torch.Generator:
+    """The generator a latent-space rollout draws from (seeded by ``sampling.seed``), after
+    checking the prompts hold the actions the F sampled frames need and that sampling ``what``
+    has a positive temperature."""
+    k, f = prompts["context_latents"].shape[1], sampling.max_tokens
+    actions = prompts["actions"]
+    if actions.shape[1] != k + f - 1:
+        raise ValueError(
+            f"sampling {f} latent frames after {k} context frames needs actions "
+            f"[B, {k + f - 1}, A], found {list(actions.shape)} (max_tokens comes from the "
+            "processor's sampling_overrides)"
+        )
+    if sampling.do_sample and sampling.temperature <= 0:
+        raise ValueError(f"sampling {what} needs temperature > 0, found {sampling.temperature}")
+    generator = torch.Generator()
+    if sampling.seed is not None:
+        generator.manual_seed(sampling.seed)
+    else:
+        generator.seed()
+    return generator
 
 
 def finish_latent_rollout(prompts: Batch, latents: torch.Tensor, log_probs: torch.Tensor) -> Batch:
