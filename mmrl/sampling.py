@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 # Batch meta key under which engines record the token restrictions they sampled under.
@@ -23,6 +24,9 @@ FORCED_KEY = "forced_response_ids"
 # Prompt tensor int64 [B, F]: the response step of each predicted frame's last token, where a
 # verifier's per-frame score [B, F] is placed as a token-level reward.
 FRAME_END_KEY = "frame_end_steps"
+# Prompt tensor int64 [B]: each row's own sampling seed (:func:`row_seeds`), so a row samples
+# the same response however the batch is split over engine calls and ranks.
+SEEDS_KEY = "sample_seeds"
 
 
 @dataclass(frozen=True)
@@ -125,3 +129,30 @@ def mask_forced(rollout: Any) -> Any:
     rollout["response_mask"] = rollout["response_mask"].masked_fill(forced, 0.0)
     rollout["rollout_log_probs"] = rollout["rollout_log_probs"].masked_fill(forced, 0.0)
     return rollout
+
+
+def row_seeds(seed: int, rows: int, first_row: int = 0) -> torch.Tensor:
+    """int64 [rows]: the sampling seed of rows ``first_row ..`` of a batch sampled with ``seed``.
+
+    A row's seed depends on its own index only, so a response is the same whichever engine
+    call, chunk or data-parallel rank samples it; hashing (seed, row) keeps neighbouring
+    seeds' streams apart (``seed + row`` would give row r + 1 of one step the stream of
+    row r of the next).
+    """
+    words = [
+        np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, row]).generate_state(2)
+        for row in range(first_row, first_row + rows)
+    ]
+    values = [(int(w[0]) << 31 | int(w[1]) >> 1) & 0x7FFFFFFFFFFFFFFF for w in words]
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def prompt_row_seeds(prompts: Any, sampling: SamplingParams) -> list[int] | None:
+    """The per-row seeds a rollout of ``prompts`` samples with: the batch's own
+    ``SEEDS_KEY`` field (set by the trainer over the whole batch before it is split), else
+    :func:`row_seeds` of ``sampling.seed`` over this call's rows; None without a seed."""
+    if SEEDS_KEY in prompts:
+        return [int(s) for s in prompts[SEEDS_KEY]]
+    if sampling.seed is None:
+        return None
+    return row_seeds(sampling.seed, len(prompts)).tolist()

@@ -114,7 +114,8 @@ def update_policy(
         epochs=cfg.ppo_epochs,
         mini_batch_size=mini_batch_size,
         micro_batch_size=cfg.ppo_micro_batch_size,
-        loss_agg_modes=(pg_mode, cfg.loss_agg_mode),
+        # The third weighs the token means among the metrics (clip fraction, ratio KL).
+        loss_agg_modes=(pg_mode, cfg.loss_agg_mode, "token-mean"),
         grad_clip=cfg.grad_clip,
         seed=seed,
         prefix="actor",
@@ -124,9 +125,10 @@ def update_policy(
     return metrics
 
 
-def _micro_step(family, model, micro, cfg, loss_fn, temperature, trim, weights) -> dict[str, float]:
+def _micro_step(family, model, micro, cfg, loss_fn, temperature, trim, weights) -> dict:
     """One micro-batch's backward; ``weights``: (policy-loss weight, weight of the other
-    terms), each the micro-batch's share of the mini-batch under its aggregation."""
+    terms, token-mean weight), each the micro-batch's share of the mini-batch under its
+    aggregation. Each metric names the weight its mean over micro-batches takes."""
     mask, valid = micro["response_mask"], micro["valid_mask"]
     # Without an entropy bonus the entropy is only logged: no graph is kept for it.
     log_prob, entropy = response_log_probs(
@@ -137,7 +139,7 @@ def _micro_step(family, model, micro, cfg, loss_fn, temperature, trim, weights) 
         old_log_prob = micro["old_log_probs"]
     else:  # on-policy: this forward pass is the sampling policy's (see update_policy)
         old_log_prob = log_prob.detach()
-        out = logprob_diff(micro, old_log_prob)
+        out = {k: (v, 2) for k, v in logprob_diff(micro, old_log_prob).items()}
     advantages = micro["advantages"]
     if "rollout_is_weights" in micro:  # weights > 0, so this scales each token's clipped loss term
         advantages = advantages * micro["rollout_is_weights"]
@@ -150,16 +152,16 @@ def _micro_step(family, model, micro, cfg, loss_fn, temperature, trim, weights) 
         config=cfg,
     )
     entropy_loss = algos.agg_loss(entropy, mask, cfg.loss_agg_mode, valid_mask=valid)
-    pg_weight, weight = weights
+    pg_weight, weight, _ = weights
     loss = -cfg.entropy_coeff * entropy_loss
-    out.update({"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy_loss.item()})
+    out.update({"actor/pg_loss": (pg_loss.item(), 0), "actor/entropy": (entropy_loss.item(), 1)})
     if cfg.use_kl_loss:
         kl = algos.kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type)
         kl_loss = algos.agg_loss(kl, mask, cfg.loss_agg_mode, valid_mask=valid)
         loss = loss + cfg.kl_loss_coef * kl_loss
-        out.update({"actor/kl_loss": kl_loss.item(), "actor/kl_coef": cfg.kl_loss_coef})
+        out.update({"actor/kl_loss": (kl_loss.item(), 1), "actor/kl_coef": (cfg.kl_loss_coef, 1)})
     (pg_loss * pg_weight + loss * weight).backward()
-    out.update({f"actor/{k}": float(v) for k, v in pg_metrics.items()})
+    out.update({f"actor/{k}": (float(v), 2) for k, v in pg_metrics.items()})
     return out
 
 

@@ -21,6 +21,7 @@ from mmrl import algos
 from mmrl.models.family import PolicyFamily, VLLMServing, register_family, torch_dtype
 from mmrl.models.padding import trim_padding
 from mmrl.models.responses import finish_rollout, generated_responses
+from mmrl.models.row_sampling import seeded_sampling_processors
 from mmrl.protocol import Batch
 from mmrl.sampling import (
     SUPPORT_KEY,
@@ -99,34 +100,33 @@ class TextLMFamily(PolicyFamily):
         processors = allowed_tokens(sampling, stop_ids)
         if forced is not None:  # last: it overrides every other restriction at forced steps
             processors.append(ForcedTokensProcessor(forced, prompts["input_ids"].shape[1]))
+        sampler = None
+        if sampling.do_sample:  # each row draws from its own seed; generate takes the draw
+            warpers, sampler = seeded_sampling_processors(prompts, sampling)
+            processors.extend(warpers)
         config = GenerationConfig(
             max_new_tokens=sampling.max_tokens,
             min_new_tokens=sampling.min_tokens,
-            do_sample=sampling.do_sample,
-            temperature=sampling.temperature if sampling.do_sample else None,
-            top_p=sampling.top_p if sampling.do_sample else None,
-            top_k=sampling.top_k if sampling.do_sample else None,
+            do_sample=False,
             eos_token_id=sorted(stop_ids),
             pad_token_id=pad_id,
-            output_scores=True,
+            output_scores=sampler is None,
             return_dict_in_generate=True,
         )
         was_training = model.training
         model.eval()
-        with torch.random.fork_rng(devices=[]):
-            if sampling.seed is not None:
-                torch.manual_seed(sampling.seed)
-            out = model.generate(
-                input_ids=prompts["input_ids"],
-                attention_mask=prompts["attention_mask"],
-                generation_config=config,
-                logits_processor=processors,
-            )
+        out = model.generate(
+            input_ids=prompts["input_ids"],
+            attention_mask=prompts["attention_mask"],
+            generation_config=config,
+            logits_processor=processors,
+        )
         model.train(was_training)
 
         prompt_len = prompts["input_ids"].shape[1]
+        scores = out.scores if sampler is None else sampler.scores
         responses, log_probs = generated_responses(
-            out.sequences, out.scores, prompt_len, sampling.max_tokens, pad_id
+            out.sequences, scores, prompt_len, sampling.max_tokens, pad_id
         )
         out = mask_forced(finish_rollout(prompts, responses, log_probs, stop_ids, pad_id))
         out.meta[SUPPORT_KEY] = sampling_support(sampling, stop_ids)

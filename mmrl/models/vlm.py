@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from mmrl.models.family import PolicyFamily, VLLMServing, register_family
 from mmrl.models.responses import finish_rollout, generated_responses
+from mmrl.models.row_sampling import seeded_sampling_processors
 from mmrl.models.text_lm import TextLMFamily, has_vision_tower, response_scores
 from mmrl.models.vlm_inputs import (
     MODEL_VISUAL_KEYS,
@@ -161,29 +162,29 @@ def generate_vlm(
     _init_fsdp_root(model)
     was_training = model.training
     model.eval()
-    with torch.random.fork_rng(devices=[]):
-        if sampling.seed is not None:
-            torch.manual_seed(sampling.seed)
-        # generate recomputes mrope positions with the same get_rope_index from these token types.
-        out = model.generate(
-            input_ids=prompts["input_ids"],
-            attention_mask=prompts["attention_mask"],
-            mm_token_type_ids=mm_token_type_ids(prompts["input_ids"], image_id, video_id),
-            **visual,
-            max_new_tokens=sampling.max_tokens,
-            do_sample=sampling.do_sample,
-            temperature=sampling.temperature if sampling.do_sample else None,
-            top_p=sampling.top_p if sampling.do_sample else None,
-            top_k=sampling.top_k if sampling.do_sample else None,
-            eos_token_id=sorted(stop_ids),
-            pad_token_id=pad_token_id,
-            suppress_tokens=suppressed_token_ids(model),
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
+    # Each row draws from its own seed (mmrl.models.row_sampling); generate takes the draw.
+    processors, sampler = (
+        seeded_sampling_processors(prompts, sampling) if sampling.do_sample else (None, None)
+    )
+    # generate recomputes mrope positions with the same get_rope_index from these token types.
+    out = model.generate(
+        input_ids=prompts["input_ids"],
+        attention_mask=prompts["attention_mask"],
+        mm_token_type_ids=mm_token_type_ids(prompts["input_ids"], image_id, video_id),
+        **visual,
+        max_new_tokens=sampling.max_tokens,
+        do_sample=False,
+        logits_processor=processors,
+        eos_token_id=sorted(stop_ids),
+        pad_token_id=pad_token_id,
+        suppress_tokens=suppressed_token_ids(model),
+        output_scores=sampler is None,
+        return_dict_in_generate=True,
+    )
     model.train(was_training)
+    scores = out.scores if sampler is None else sampler.scores
     responses, log_probs = generated_responses(
-        out.sequences, out.scores, prompts["input_ids"].shape[1], sampling.max_tokens, pad_token_id
+        out.sequences, scores, prompts["input_ids"].shape[1], sampling.max_tokens, pad_token_id
     )
 
     # Extends the mrope positions; multi_modal_inputs are carried by reference.

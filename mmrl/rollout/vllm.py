@@ -27,6 +27,7 @@ from mmrl.sampling import (
     SamplingParams,
     forced_steps,
     mask_forced,
+    prompt_row_seeds,
     sampling_support,
 )
 
@@ -140,14 +141,15 @@ class VLLMRollout:
         stop_ids = {self.eos_token_id, *sampling.stop_token_ids}
         suppressed = self.served.serving.suppressed_token_ids
         forced = forced_steps(prompts, sampling.max_tokens)
+        seeds = prompt_row_seeds(prompts, sampling)
         start = time.perf_counter()
         if forced is None:
             responses, log_probs, n_tokens = self._sample(
-                prompts, token_ids, sampling, stop_ids, suppressed
+                prompts, token_ids, sampling, seeds, stop_ids, suppressed
             )
         else:
             responses, log_probs, n_tokens = self._sample_around(
-                forced.cpu(), prompts, token_ids, sampling, stop_ids, suppressed
+                forced.cpu(), prompts, token_ids, sampling, seeds, stop_ids, suppressed
             )
         elapsed_s = time.perf_counter() - start
         device = prompts["input_ids"].device
@@ -165,12 +167,14 @@ class VLLMRollout:
         prompts: Batch,
         token_ids: list[list[int]],
         sampling: SamplingParams,
+        seeds: list[int] | None,
         stop_ids: set[int],
         suppressed: Iterable[int],
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Responses ``[B, max_tokens]`` (pad after the end), their sampling log-probs and the
-        number of tokens sampled, for prompts ``token_ids``."""
-        params = self._request_params(sampling, stop_ids, len(token_ids), suppressed)
+        number of tokens sampled, for prompts ``token_ids``, row ``i`` sampled with
+        ``seeds[i]``."""
+        params = self._request_params(sampling, stop_ids, seeds, len(token_ids), suppressed)
         requests = self.served.requests(prompts, token_ids)
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         self.served.check_expansion(outputs, token_ids)
@@ -194,6 +198,7 @@ class VLLMRollout:
         prompts: Batch,
         token_ids: list[list[int]],
         sampling: SamplingParams,
+        seeds: list[int] | None,
         stop_ids: set[int],
         suppressed: Iterable[int],
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -209,11 +214,12 @@ class VLLMRollout:
         total = 0
         for begin, end in free_runs(forced[0] < 0):
             ids = [p + responses[row, :begin].tolist() for row, p in enumerate(token_ids)]
-            seed = None if sampling.seed is None else sampling.seed + 1_000_003 * begin
-            part = dataclasses.replace(
-                sampling, max_tokens=end - begin, min_tokens=end - begin, seed=seed
+            # Each run of free steps draws from its own stream of the row's seed.
+            part_seeds = None if seeds is None else [s + 1_000_003 * begin for s in seeds]
+            part = dataclasses.replace(sampling, max_tokens=end - begin, min_tokens=end - begin)
+            sampled, part_log_probs, n = self._sample(
+                prompts, ids, part, part_seeds, stop_ids, suppressed
             )
-            sampled, part_log_probs, n = self._sample(prompts, ids, part, stop_ids, suppressed)
             responses[:, begin:end], log_probs[:, begin:end] = sampled, part_log_probs
             total += n
         return responses, log_probs, total
@@ -237,9 +243,13 @@ class VLLMRollout:
 
     @staticmethod
     def _request_params(
-        sampling: SamplingParams, stop_ids: set[int], rows: int, suppressed: Iterable[int] = ()
+        sampling: SamplingParams,
+        stop_ids: set[int],
+        seeds: list[int] | None,
+        rows: int,
+        suppressed: Iterable[int] = (),
     ) -> list[vllm.SamplingParams]:
-        """One request per row; row ``i`` gets seed ``sampling.seed + i``, so runs repeat.
+        """One request per row; row ``i`` gets seed ``seeds[i]``, so runs repeat.
 
         ``suppressed`` ids get vLLM's strongest logit bias, -100 (its bound), before
         temperature: a weight of e^-100 beside the vocabulary's, which float32 cannot tell
@@ -257,7 +267,7 @@ class VLLMRollout:
                 temperature=sampling.temperature if sampling.do_sample else 0.0,
                 top_p=sampling.top_p if sampling.do_sample else 1.0,
                 top_k=sampling.top_k if sampling.do_sample else 0,
-                seed=None if sampling.seed is None else sampling.seed + row,
+                seed=None if seeds is None else seeds[row],
                 stop_token_ids=sorted(stop_ids),
                 allowed_token_ids=allowed,
                 logit_bias=bias,

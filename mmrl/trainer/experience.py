@@ -12,7 +12,7 @@ from mmrl.errors import ConfigError
 from mmrl.hybrid import WorkerGroup
 from mmrl.processors.base import PromptProcessor
 from mmrl.protocol import Batch
-from mmrl.sampling import FRAME_END_KEY, SamplingParams
+from mmrl.sampling import FRAME_END_KEY, SEEDS_KEY, SamplingParams, row_seeds
 from mmrl.utils.timing import timer
 from mmrl.verifiers import VerifierOutput, VerifierRunner
 
@@ -91,6 +91,13 @@ def sampling_params(
     return SamplingParams(**params)
 
 
+def with_row_seeds(prompts: Batch, seed: int) -> Batch:
+    """``prompts`` with each row's sampling seed (``sample_seeds``), drawn over the whole batch
+    before the worker group splits it: a row samples the same response at any worker count."""
+    prompts[SEEDS_KEY] = row_seeds(seed, len(prompts))
+    return prompts
+
+
 def needs_critic(cfg: RunConfig) -> bool:
     """The advantage estimator reads value estimates (GAE)."""
     return algos.ADV_ESTIMATORS.trait(cfg.algorithm.adv_estimator, "needs_critic", False)
@@ -127,7 +134,8 @@ def make_experience(
     prompts["uid"] = np.asarray([f"{step}-{i}" for i in range(len(prompts))], dtype=object)
     with timer("gen", metrics):
         batch = worker.generate_sequences(
-            prompts.repeat(n, interleave=True), sampling_params(cfg, processor, seed)
+            with_row_seeds(prompts.repeat(n, interleave=True), seed),
+            sampling_params(cfg, processor, seed),
         )
     with timer("reward", metrics):  # verifiers run in the background during old log-probs
         pending = runner.submit(processor.decode(batch))

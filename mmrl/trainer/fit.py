@@ -24,6 +24,7 @@ from mmrl import algos
 from mmrl.config import RunConfig
 from mmrl.errors import CheckpointError, ConfigError
 from mmrl.hybrid import WorkerError, WorkerGroup, Workers, build_workers
+from mmrl.hybrid.minibatch import minibatch_layout
 from mmrl.processors.base import PromptProcessor
 from mmrl.protocol import Batch
 from mmrl.tasks import Task, get_task
@@ -142,6 +143,8 @@ def rl_step(
                 metrics.get("reward/invalid_rate", 0.0),
             )
         else:
+            mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
+            update.reorder(minibatch_layout(len(update), mini, worker.world_size, seed))
             if critic is not None:
                 with timer("update_critic", metrics):
                     metrics.update(critic.update_critic(update.clone(), seed=seed))

@@ -19,7 +19,7 @@ from mmrl.config import RunConfig
 from mmrl.hybrid import WorkerGroup
 from mmrl.processors.base import PromptProcessor
 from mmrl.protocol import Batch
-from mmrl.trainer.experience import apply_scores, sampling_params
+from mmrl.trainer.experience import apply_scores, sampling_params, with_row_seeds
 from mmrl.trainer.val_metrics import validation_metrics
 from mmrl.verifiers import VerifierRunner
 from mmrl.verifiers.reasoning import extract_answer
@@ -58,7 +58,8 @@ def validate(
         params = sampling_params(
             cfg, processor, cfg.trainer.seed + 7919 * i, validate=True, greedy=greedy
         )
-        out = processor.decode(worker.generate_sequences(chunk.repeat(n), params))
+        rows = with_row_seeds(chunk.repeat(n), params.seed)
+        out = processor.decode(worker.generate_sequences(rows, params))
         result = runner.run(out)
         out, m = apply_scores(out, result, cfg)
         if record is not None and i == 0:
