@@ -174,7 +174,9 @@ def test_a_two_worker_run_resumed_at_one_worker_continues_within_1e_5(
     """Rows carry their own sampling seeds and each optimizer step sees the same global
     mini-batch at any worker count, so only the order of reductions differs: every later
     metric is within 1e-5 relative of the run that kept its 2 workers (1e-6 absolute for
-    values near 0, such as a group-normalised policy loss)."""
+    values near 0, such as a group-normalised policy loss). ``rollout/logprob_diff_*``
+    measure rounding itself (rollout against recomputed log-probs, about 1e-6), so they
+    differ by their own size and are only checked to stay that small."""
     out = tmp_path / "resumed"
     assert train(out, warm_model_dir, "trainer.n_workers_per_node=2", kill_at="after_step:3") == -9
     assert train(out, warm_model_dir) == 0  # one in-process worker
@@ -182,13 +184,18 @@ def test_a_two_worker_run_resumed_at_one_worker_continues_within_1e_5(
     assert list(a) == list(b) == [0, 1, 2, 3, 4, 5]
     assert a[2] == b[2]  # before the resume: the same run
     assert all(key in a[5] for key in KEYS) and "val/score/mean" in a[4]
+    off = []
     for step in (3, 4, 5):
         assert a[step].keys() == b[step].keys(), step
         for key, value in b[step].items():
-            if isinstance(value, float):
-                assert math.isclose(a[step][key], value, rel_tol=1e-5, abs_tol=1e-6), (step, key)
-            else:
-                assert a[step][key] == value, (step, key)
+            if key.startswith("rollout/logprob_diff"):
+                assert a[step][key] < 1e-4, (step, key, a[step][key])
+            elif isinstance(value, float):
+                if not math.isclose(a[step][key], value, rel_tol=1e-5, abs_tol=1e-6):
+                    off.append((step, key, a[step][key], value))
+            elif a[step][key] != value:
+                off.append((step, key, a[step][key], value))
+    assert not off, off
 
 
 def test_latent_world_model_run_killed_between_steps_continues_exactly(tmp_path):

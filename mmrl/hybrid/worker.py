@@ -33,7 +33,8 @@ from mmrl.rollout import get_rollout
 from mmrl.sampling import SamplingParams
 
 # Rank r samples with seed + r * RANK_SEED_STRIDE: ranks draw independent noise, and
-# rank 0 keeps the configured seed, so one worker reproduces the embedded run.
+# rank 0 keeps the configured seed, so one worker reproduces the embedded run. Token engines
+# prefer the rows' own seeds (sample_seeds), which make a response independent of its rank.
 RANK_SEED_STRIDE = 1_000_003
 
 
