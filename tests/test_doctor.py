@@ -215,6 +215,45 @@ def test_worldmodel_repetition_and_error_growth_are_named():
     }
 
 
+@pytest.mark.slow
+def test_world_model_rewarded_for_standing_still_is_named_repetition(tmp_path, capsys):
+    """A real token world-model run whose reward pays for repeating the last frame
+    (repetition_penalty with a negative weight) and whose validation predictions stand still
+    where the truth moves (80% at this seed): `mmrl doctor` names the repetition, with the
+    metric that shows it."""
+    pre = "++task.pretrain."
+    cfg, result = run(
+        tmp_path,
+        "task=worldmodel_tokens",
+        f"task.cache_dir={tmp_path / 'cache'}",
+        f"{pre}data.train_trajectories=96",
+        f"{pre}data.val_trajectories=16",
+        f"{pre}data.test_trajectories=16",
+        f"{pre}data.length=12",
+        f"{pre}tokenizer.train.steps=80",
+        f"{pre}tokenizer.train.batch_size=16",
+        f"{pre}train.steps=150",
+        f"{pre}train.val_every=50",
+        f"{pre}train.val_windows=64",
+        f"{pre}train.eval_windows=16",
+        f"{pre}progress_bar=false",
+        "task.val_windows=16",
+        "task.eval.windows=16",
+        "task.eval.samples=1",
+        "task.report=false",
+        "reward.verifiers=[{name: repetition_penalty, weight: -1.0}]",
+        "trainer.total_steps=12",
+        "trainer.test_freq=12",
+        "trainer.seed=0",
+    )
+    rates = result.series("val/repetition_penalty/rate")
+    assert rates[-1] > cfg.trainer.doctor.max_repetition, rates
+    assert main(["doctor", str(tmp_path / "run")]) == 1
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if "world model repeats its last frame" in x)
+    assert "val/repetition_penalty/rate" in line
+
+
 @pytest.mark.parametrize("override", ["trainer.doctor.window=1", "trainer.doctor.nope=1"])
 def test_bad_thresholds_are_config_errors(tmp_path, override):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')

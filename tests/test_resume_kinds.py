@@ -96,7 +96,7 @@ def test_vlm_run_on_a_users_parquet_killed_between_steps_continues_exactly(tmp_p
         val_key="val/math_answer/mean",
     )
     # The processor files travel with the checkpoint, so it loads on its own.
-    assert (resumed / "global_step_4" / "actor" / "preprocessor_config.json").is_file()
+    assert (resumed / "global_step_4" / "actor" / "processor_config.json").is_file()
 
 
 def test_vllm_engines_in_two_ray_workers_resume_exactly(tmp_path, warm_model_dir):
