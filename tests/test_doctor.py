@@ -221,22 +221,12 @@ def test_world_model_rewarded_for_standing_still_is_named_repetition(tmp_path, c
     (repetition_penalty with a negative weight) and whose validation predictions stand still
     where the truth moves (80% at this seed): `mmrl doctor` names the repetition, with the
     metric that shows it."""
-    pre = "++task.pretrain."
+    from tests.test_worldmodel_rl import small_pretraining
+
     cfg, result = run(
         tmp_path,
         "task=worldmodel_tokens",
-        f"task.cache_dir={tmp_path / 'cache'}",
-        f"{pre}data.train_trajectories=96",
-        f"{pre}data.val_trajectories=16",
-        f"{pre}data.test_trajectories=16",
-        f"{pre}data.length=12",
-        f"{pre}tokenizer.train.steps=80",
-        f"{pre}tokenizer.train.batch_size=16",
-        f"{pre}train.steps=150",
-        f"{pre}train.val_every=50",
-        f"{pre}train.val_windows=64",
-        f"{pre}train.eval_windows=16",
-        f"{pre}progress_bar=false",
+        *small_pretraining(tmp_path / "cache"),
         "task.val_windows=16",
         "task.eval.windows=16",
         "task.eval.samples=1",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -264,6 +265,26 @@ def test_run_report_shows_frames_gif_and_per_step_metrics(grid_dir, tmp_path):
     assert text.count("data:image/gif;base64,") == 1 and 'data-chart="frames.png"' in text
 
 
+def small_pretraining(cache_dir: Path) -> tuple[str, ...]:
+    """Overrides of task=worldmodel_tokens for a small grid-world base made in ``cache_dir``
+    (data, tokenizer and 150 MLE steps: about a minute)."""
+    pre = "++task.pretrain."
+    return (
+        f"task.cache_dir={cache_dir}",
+        f"{pre}data.train_trajectories=96",
+        f"{pre}data.val_trajectories=16",
+        f"{pre}data.test_trajectories=16",
+        f"{pre}data.length=12",
+        f"{pre}tokenizer.train.steps=80",
+        f"{pre}tokenizer.train.batch_size=16",
+        f"{pre}train.steps=150",
+        f"{pre}train.val_every=50",
+        f"{pre}train.val_windows=64",
+        f"{pre}train.eval_windows=16",
+        f"{pre}progress_bar=false",
+    )
+
+
 @pytest.mark.slow
 def test_grpo_beats_its_pretrained_start_on_test_windows(tmp_path):
     """The whole recipe, small and with a fixed seed: data, tokenizer, MLE pretraining to a
@@ -279,23 +300,11 @@ def test_grpo_beats_its_pretrained_start_on_test_windows(tmp_path):
     from tests.conftest import run_overrides
     from tests.paired import paired_gain
 
-    pre = "++task.pretrain."
     cfg = load_config(
         run_overrides(
             tmp_path / "run",
             "task=worldmodel_tokens",
-            f"task.cache_dir={tmp_path / 'cache'}",
-            f"{pre}data.train_trajectories=96",
-            f"{pre}data.val_trajectories=16",
-            f"{pre}data.test_trajectories=16",
-            f"{pre}data.length=12",
-            f"{pre}tokenizer.train.steps=80",
-            f"{pre}tokenizer.train.batch_size=16",
-            f"{pre}train.steps=150",
-            f"{pre}train.val_every=50",
-            f"{pre}train.val_windows=64",
-            f"{pre}train.eval_windows=16",
-            f"{pre}progress_bar=false",
+            *small_pretraining(tmp_path / "cache"),
             "task.val_windows=16",
             "task.eval.windows=96",
             "task.eval.samples=2",
