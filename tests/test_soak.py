@@ -13,6 +13,9 @@ from tests.conftest import run_overrides
 
 STEPS = 30
 THREAD_JITTER = 3
+# The same on-demand gRPC connections open a socket or two late in a run (seen in a full slow
+# tier: 533 -> 535); a leak of one descriptor a step adds ~10 between the windows measured.
+FD_JITTER = 2
 
 
 def soak(tmp_path, warm_model_dir, *extra: str, warmup: float = 0.2):
@@ -49,7 +52,7 @@ def test_text_grpo_on_two_ray_workers_with_process_verifiers_leaves_nothing_behi
         "reward.verifiers=[{name: exact_answer, weight: 1.0, mode: process}]", warmup=0.5,
     )  # fmt: skip
     assert res.processes_peak >= 4  # the Ray workers and verifier actors were counted
-    assert res.fds_end <= res.fds_start, res
+    assert res.fds_end - res.fds_start <= FD_JITTER, res
     # Ray's gRPC pools start a thread or two on demand late in a short run (seen: 310 -> 312);
     # a leak of one thread a step adds ~10 between the windows measured.
     assert res.threads_end - res.threads_start <= THREAD_JITTER, res
