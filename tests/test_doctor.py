@@ -215,6 +215,31 @@ def test_worldmodel_repetition_and_error_growth_are_named():
     }
 
 
+def test_error_growth_is_named_from_the_evaluations_own_per_step_scores():
+    """The world-model evaluation's own scoring (frame_scores, summarize_runs) of predictions
+    whose noise grows with the future step (each frame fed its own errors) is named as drift;
+    the same noise at every step is not."""
+    import numpy as np
+
+    from mmrl.tasks.worldmodel_eval import frame_scores, summarize_runs
+
+    rng = np.random.default_rng(0)
+    truth = rng.integers(40, 216, size=(16, 4, 32, 32, 3)).astype(np.uint8)
+    valid = np.ones(16, dtype=bool)
+
+    def rl_table(noise_per_step: list[float]) -> dict:
+        noise = np.asarray(noise_per_step)[None, :, None, None, None]
+        pred = np.clip(truth + rng.normal(0, 1, truth.shape) * noise, 0, 255).astype(np.uint8)
+        scores = frame_scores(pred, truth, valid, None)
+        return {"rl": {"greedy": summarize_runs([scores], pred).metrics}}
+
+    growth = check_worldmodel(rl_table([6.0, 12.0, 18.0, 24.0]), DoctorConfig())
+    assert [(f.check, f.metric) for f in growth] == [
+        ("error grows with the future step", "worldmodel_eval.json rl/greedy/mae@t1..t4")
+    ]
+    assert check_worldmodel(rl_table([12.0] * 4), DoctorConfig()) == []
+
+
 @pytest.mark.slow
 def test_world_model_rewarded_for_standing_still_is_named_repetition(tmp_path, capsys):
     """A real token world-model run whose reward pays for repeating the last frame
