@@ -116,7 +116,7 @@ def epoch_order(
     process group's rank unless given.
     """
     if rank is None:
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        rank = dist.get_rank() if _distributed() else 0
     mini = min(mini_batch_size, rows)
     if rows % mini:
         return torch.from_numpy(np.random.default_rng([seed, epoch]).permutation(rows))
@@ -141,7 +141,7 @@ def micro_batch_weights(micros: list[Batch], loss_agg_mode: str) -> list[float]:
         keep = micro["response_mask"].bool() & micro["valid_mask"].bool()[:, None]
         counts.append(float(keep.sum() if loss_agg_mode == "token-mean" else keep.any(-1).sum()))
     total, world_size = sum(counts), 1
-    if dist.is_available() and dist.is_initialized():
+    if _distributed():
         world_size = dist.get_world_size()
         summed = torch.tensor(
             [total], dtype=torch.float64, device=micros[0]["response_mask"].device
@@ -189,7 +189,7 @@ def _as_many_as_other_ranks(groups: list[list[int]]) -> list[list[int]]:
     """``groups`` with the largest split in two until there are as many as on the rank with
     the most: FSDP gathers and reduces in every forward and backward, so all ranks must run
     the same number of micro-batches (each rank holds as many rows, so a split is possible)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not _distributed() or dist.get_world_size() == 1:
         return groups
     most = torch.tensor([len(groups)])
     dist.all_reduce(most, op=dist.ReduceOp.MAX)
@@ -198,3 +198,8 @@ def _as_many_as_other_ranks(groups: list[list[int]]) -> list[list[int]]:
         rows = groups.pop(largest)
         groups[largest:largest] = [rows[: len(rows) // 2], rows[len(rows) // 2 :]]
     return groups
+
+
+def _distributed() -> bool:
+    """Whether this process has joined a default process group (a worker rank)."""
+    return dist.is_available() and dist.is_initialized()
