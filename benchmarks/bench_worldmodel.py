@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from benchmarks.results import mean_std, write_results
 
 METRICS = (
@@ -32,14 +34,16 @@ METRICS = (
 )
 
 
-def run_seed(seed: int, out: Path, overrides: list[str], pretrain_per_seed: bool) -> dict:
+def run_seed(
+    seed: int, out: Path, overrides: list[str], pretrain_per_seed: bool, task: str
+) -> dict:
     from mmrl.config import load_config
     from mmrl.trainer.fit import fit
 
     extra = [f"task.pretrain.seed={seed}"] if pretrain_per_seed else []
     cfg = load_config(
         [
-            "task=worldmodel_tokens",
+            f"task={task}",
             f"trainer.seed={seed}",
             f"trainer.output_dir={out / f'seed{seed}'}",
             "trainer.progress_bar=false",
@@ -47,22 +51,28 @@ def run_seed(seed: int, out: Path, overrides: list[str], pretrain_per_seed: bool
             *overrides,
         ]
     )
-    result = fit(cfg)
+    done = Path(cfg.trainer.output_dir) / "summary.json"
+    if done.exists():  # a rerun keeps the seeds that finished
+        summary = json.loads(done.read_text())
+    else:
+        result = fit(cfg)
+        summary = {**result.summary, "wall_time_s": result.wall_time_s,
+                   "peak_memory_gib": result.peak_memory_gib}  # fmt: skip
     return {
-        "table": result.summary["worldmodel_eval"],
-        "references": references(cfg),
-        "wall_time_s": result.wall_time_s,
-        "peak_memory_gib": result.peak_memory_gib,
+        "table": summary["worldmodel_eval"],
+        "references": references(cfg, task),
+        "wall_time_s": summary["wall_time_s"],
+        "peak_memory_gib": summary["peak_memory_gib"],
     }
 
 
-def references(cfg) -> dict[str, dict[str, float]]:
+def references(cfg, task_name: str) -> dict[str, dict[str, float]]:
     """Copy-last-frame and tokenizer-ceiling rows on the run's test windows."""
     from mmrl.tasks import get_task
     from mmrl.tasks.worldmodel_eval import TOKENIZER_SUBDIR, reference_rows
     from mmrl.worldmodel.tokenizer import VQTokenizer
 
-    task = get_task("worldmodel_tokens")(cfg.task)
+    task = get_task(task_name)(cfg.task)
     windows = task.build_data(cfg.trainer.seed).test
     tokenizer = VQTokenizer.from_pretrained(cfg.output_dir / "actor" / TOKENIZER_SUBDIR)
     return reference_rows(windows, tokenizer, task.pretrain_cfg.data.future)
@@ -100,11 +110,51 @@ def markdown(runs: dict[int, dict]) -> str:
     return "\n".join(lines)
 
 
+def per_step_markdown(runs: dict[int, dict], future: int) -> str:
+    """PSNR and LPIPS at each future step t = 1..F: references, then base and RL (mean ± std)."""
+    keys = [f"{m}@t{t}" for m in ("psnr", "lpips") for t in range(1, future + 1)]
+    digits = {k: 2 if k.startswith("psnr") else 4 for k in keys}
+    lines = ["| model | decoding | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+    for name, row in next(iter(runs.values()))["references"].items():
+        cells = " | ".join(f"{row[k]:.{digits[k]}f}" for k in keys)
+        lines.append(f"| {name} | – | {cells} |")
+    for decoding in ("greedy", "sampled"):
+        for model in ("base", "rl"):
+            vals = [mean_std([r["table"][model][decoding][k] for r in runs.values()], digits[k])
+                    for k in keys]  # fmt: skip
+            label = "pretrained (MLE)" if model == "base" else "+ GRPO"
+            lines.append(f"| {label} | {decoding} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def beats_copy(runs: dict[int, dict], future: int) -> list[str]:
+    """Per model, decoding and metric (overall and per future step): does the mean over seeds
+    beat copying the last frame by more than 2 sample standard deviations?"""
+    copy = next(iter(runs.values()))["references"]["copy last context frame"]
+    steps = [f"{m}@t{t}" for m in ("psnr", "lpips") for t in range(1, future + 1)]
+    keys = ["psnr", "lpips"] + (steps if future > 1 else [])
+    out = []
+    for model in ("base", "rl"):
+        for decoding in ("greedy", "sampled"):
+            verdicts = []
+            for k in keys:
+                values = np.array([r["table"][model][decoding][k] for r in runs.values()])
+                sign = -1.0 if k.startswith("lpips") else 1.0
+                margin = sign * (values.mean() - copy[k])
+                spread = values.std(ddof=1) if len(values) > 1 else 0.0
+                verdicts.append(f"{k} {'yes' if margin > 2 * spread else 'NO'} "
+                                f"({margin:+.4g}, 2s={2 * spread:.2g})")  # fmt: skip
+            out.append(f"{model} {decoding} beats copy-last: " + "; ".join(verdicts))
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--task", default="worldmodel_tokens", help="or worldmodel_videos")
+    p.add_argument("--name", default="worldmodel_tokens", help="benchmarks/results/<name>.json")
     p.add_argument("--out", type=Path, default=Path("outputs/bench_wm"))
     p.add_argument(
         "--pretrain-per-seed", action="store_true", help="also pretrain one base per seed"
@@ -112,8 +162,15 @@ def main() -> None:
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = p.parse_args()
     start = time.perf_counter()
-    runs = {s: run_seed(s, args.out, args.overrides, args.pretrain_per_seed) for s in args.seeds}
-    table = markdown(runs)
+    runs = {
+        s: run_seed(s, args.out, args.overrides, args.pretrain_per_seed, args.task)
+        for s in args.seeds
+    }
+    future = max(int(k[len("psnr@t"):]) for k in runs[args.seeds[0]]["references"]
+                 ["copy last context frame"] if k.startswith("psnr@t"))  # fmt: skip
+    table = "\n\n".join(
+        [markdown(runs), per_step_markdown(runs, future), "\n".join(beats_copy(runs, future))]
+    )
     load = os.getloadavg()[1]
     note = (
         f"{len(runs)} seeds {args.seeds}; total {time.perf_counter() - start:.0f} s, "
@@ -125,7 +182,7 @@ def main() -> None:
         json.dumps({"runs": runs, "note": note}, indent=1)
     )
     write_results(
-        "worldmodel_tokens",
+        args.name,
         {str(seed): run for seed, run in runs.items()},
         "python -m benchmarks.bench_worldmodel " + " ".join(sys.argv[1:]),
         note=note,

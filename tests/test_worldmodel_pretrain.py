@@ -67,3 +67,29 @@ def test_greedy_responses_match_full_recompute_and_stay_visual():
         logits = model(input_ids=ids).logits[:, -1, allowed]
         ids = torch.cat([ids, allowed[logits.argmax(-1)][:, None]], dim=1)
     assert torch.equal(out, ids[:, prompts.shape[1] :])
+
+
+def test_pretraining_starts_from_a_one_frame_model_with_the_same_vocabulary(tmp_path):
+    from mmrl.worldmodel.envs import ActionSpec
+    from mmrl.worldmodel.pretrain import initial_model
+    from mmrl.worldmodel.token_lm import (
+        TokenLMConfig,
+        build_token_world_model,
+        save_token_world_model,
+    )
+
+    action = ActionSpec(kind="discrete", dim=1, num_actions=5)
+    one_frame = TokenWorldModelProcessor(VocabLayout(16, (2, 2), action), context=2, future=1)
+    torch.manual_seed(0)
+    source = build_token_world_model(one_frame, TokenLMConfig(64, 64, 1, 1, 1, 128))
+    save_token_world_model(source, one_frame, tmp_path / "f1")
+    cfg = load_pretrain_config([f"output_dir={tmp_path}", f"train.init_from={tmp_path / 'f1'}"])
+    four = TokenWorldModelProcessor(
+        VocabLayout(16, (2, 2), action), context=2, future=4, action_form="interleaved"
+    )
+    model = initial_model(four, cfg)
+    for (name, a), b in zip(source.state_dict().items(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    other = TokenWorldModelProcessor(VocabLayout(32, (2, 2), action), context=2, future=4)
+    with pytest.raises(ValueError, match="another vocabulary"):
+        initial_model(other, cfg)

@@ -112,6 +112,7 @@ def test_pretrain_token_world_model_end_to_end(grid_data, grid_tokenizer, tmp_pa
             f"output_dir={tmp_path}",
             f"tokenizer.dir={tok_dir}",  # same data settings and tokenizer: a cache hit
             "tokenizer.model.codebook_size=64",
+            "tokenizer.model.kind=conv",
             f"tokenizer.train.steps={TINY_VQ_TRAIN.steps}",
             f"tokenizer.train.batch_size={TINY_VQ_TRAIN.batch_size}",
             "data.train_trajectories=48",

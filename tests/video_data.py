@@ -13,11 +13,17 @@ from mmrl.worldmodel.video import write_mp4
 EPISODES, FRAMES, SHAPE = 24, 16, (48, 64)
 PRETRAIN = [
     "data.future=2",
+    "tokenizer.model.kind=conv",  # the small recipe the test's LPIPS margin was measured on
     "tokenizer.model.block_out_channels=[8,16,16,16]",
     "tokenizer.model.norm_num_groups=4",
     "tokenizer.train.steps=150",
     "tokenizer.train.batch_size=16",
+    "model.num_hidden_layers=2",
     "train.steps=300",
+    "train.min_lr_ratio=1.0",
+    "train.change_weight=1.0",
+    "train.min_delta=0.005",
+    "train.patience=3",
     "train.val_every=100",
     "train.val_windows=64",
     "train.eval_windows=16",

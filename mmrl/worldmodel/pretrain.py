@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,9 @@ from mmrl.worldmodel.data import TrajectoryDataset
 from mmrl.worldmodel.envs import frame_state_match, make_env
 from mmrl.worldmodel.frames import psnr
 from mmrl.worldmodel.pretrain_data import (
+    IGNORE,
     DataSection,
+    changed_tokens,
     encode_sequences,
     prepare_data,
     video_keys,
@@ -39,6 +43,7 @@ from mmrl.worldmodel.token_lm import (
     TokenLMConfig,
     TokenWorldModelProcessor,
     build_token_world_model,
+    load_token_world_model,
     save_token_world_model,
 )
 from mmrl.worldmodel.tokenizer import AETrainConfig, VQConfig, VQTokenizer, train_vq_tokenizer
@@ -61,11 +66,14 @@ class LMTrainSection:
     lr: float = 2e-3
     weight_decay: float = 0.01
     warmup_steps: int = 50
+    min_lr_ratio: float = 1.0  # cosine decay to lr * this at the budget's end (1: constant)
     val_every: int = 100
     val_windows: int = 128
     patience: int = 3
     min_delta: float = 0.005
     eval_windows: int = 64
+    init_from: str | None = None  # a token world model to start from instead of random weights
+    change_weight: float = 1.0  # loss weight of visual ids that differ from the frame before
 
 
 @dataclass
@@ -182,7 +190,7 @@ def pretrain_token_world_model(cfg: PretrainConfig) -> PretrainResult:
     val_ids = val_ids[
         torch.randperm(len(val_ids), generator=torch.Generator().manual_seed(cfg.seed))
     ]
-    model = build_token_world_model(processor, cfg.model)
+    model = initial_model(processor, cfg)
     logger.info(
         "token world model: %.2fM params, %d train / %d held-out sequences of %d tokens",
         sum(p.numel() for p in model.parameters()) / 1e6,
@@ -215,6 +223,43 @@ def pretrain_token_world_model(cfg: PretrainConfig) -> PretrainResult:
     return PretrainResult(out, best_dir, stop_reason, steps_run, summary["best_val_loss"], summary)
 
 
+def lr_factor(t: LMTrainSection, step: int) -> float:
+    """Linear warm-up, then a cosine from 1 down to ``min_lr_ratio`` at the step budget."""
+    if step < t.warmup_steps:
+        return (step + 1) / t.warmup_steps
+    done = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
+    return t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, done)))
+
+
+def weighted_lm_loss(
+    model: PreTrainedModel, ids: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Next-token cross-entropy on the labelled ids, a weighted mean with ``weights [B, L]``
+    (all ones: the model's own mean loss)."""
+    logits = model(input_ids=ids).logits[:, :-1]
+    target, w = labels[:, 1:], weights[:, 1:] * (labels[:, 1:] != IGNORE)
+    ce = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE, reduction="none"
+    )
+    return (ce * w.flatten()).sum() / w.sum()
+
+
+def initial_model(processor: TokenWorldModelProcessor, cfg: PretrainConfig) -> PreTrainedModel:
+    """Random weights, or ``train.init_from``'s: a token world model with the same vocabulary
+    (tokenizer and actions) and any context, future or action form, so that a model trained
+    on one-frame futures can start the training of longer ones."""
+    if cfg.train.init_from is None:
+        return build_token_world_model(processor, cfg.model)
+    model, start = load_token_world_model(cfg.train.init_from)
+    if start.layout.to_json() != processor.layout.to_json():
+        raise ValueError(
+            f"train.init_from={cfg.train.init_from} has another vocabulary (tokenizer or "
+            "actions) than this data; start from a model trained with the same tokenizer"
+        )
+    processor.check_model_config(model.config)
+    return model
+
+
 def plateaued(val_losses: list[float], patience: int, min_delta: float) -> bool:
     """True when none of the last ``patience`` losses beat the best before them by ``min_delta``."""
     if patience < 1 or len(val_losses) <= patience:
@@ -239,9 +284,7 @@ def _train_loop(
     """
     t = cfg.train
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / max(1, t.warmup_steps))
-    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, t))
     rng = np.random.default_rng(cfg.seed)
     val_ids = val_ids[: t.val_windows]
     history: list[dict[str, float]] = []
@@ -251,9 +294,10 @@ def _train_loop(
         range(1, t.steps + 1), desc="pretrain token world model", disable=not cfg.progress_bar
     )
     model.train()
+    weights = 1.0 + (t.change_weight - 1.0) * changed_tokens(train_ids, processor).float()
     for step in bar:
         idx = torch.from_numpy(rng.integers(0, len(train_ids), t.batch_size))
-        loss = model(input_ids=train_ids[idx], labels=train_labels[idx]).loss
+        loss = weighted_lm_loss(model, train_ids[idx], train_labels[idx], weights[idx])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -269,7 +313,7 @@ def _train_loop(
         bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{val:.3f}")
         if val == min(h["val/loss"] for h in history):
             save_token_world_model(model, processor, out / "token_wm" / "best")
-        if plateaued([h["val/loss"] for h in history], t.patience, t.min_delta):
+        if step < t.steps and plateaued([h["val/loss"] for h in history], t.patience, t.min_delta):
             stop_reason = f"plateau: no val improvement > {t.min_delta} in {t.patience} validations"
             break
     metrics_file.close()
@@ -293,7 +337,6 @@ def evaluate_greedy(
     environment state, read by the renderer's inverse, equals the true one.
     """
     from mmrl.worldmodel.data import WindowDataset
-    from mmrl.worldmodel.token_lm import load_token_world_model
 
     model, processor = load_token_world_model(model_dir)
     data = TrajectoryDataset(val_dir)

@@ -11,6 +11,7 @@ trajectory dataset's frames (:func:`train_vq_tokenizer`), saved with
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -21,6 +22,7 @@ import torch
 from diffusers import VQModel
 
 from mmrl.worldmodel import frames as F
+from mmrl.worldmodel.patch_vq import PatchVQModel
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +31,7 @@ logger = logging.getLogger(__name__)
 class VQConfig:
     """Architecture of the tokenizer."""
 
+    kind: str = "conv"  # conv: diffusers VQModel; patch: PatchVQModel, one code per patch only
     codebook_size: int = 128
     embed_dim: int = 16
     latent_channels: int = 16
@@ -36,6 +39,7 @@ class VQConfig:
     max_tokens_per_frame: int = 64  # bounds the automatic choice of block_out_channels
     layers_per_block: int = 1
     norm_num_groups: int = 8
+    hidden_channels: int = 128  # patch kind only: width of its 1x1 layers
 
 
 def auto_channels(shape: tuple[int, int], max_tokens: int) -> list[int]:
@@ -70,13 +74,24 @@ class AETrainConfig:
 def build_vq_model(cfg: VQConfig, shape: int | tuple[int, int]) -> VQModel:
     """A VQ model for ``shape = (H, W)`` frames (an int: square); ``sample_size`` records it."""
     shape = (shape, shape) if isinstance(shape, int) else (int(shape[0]), int(shape[1]))
+    if cfg.kind not in ("conv", "patch"):
+        raise ValueError(f"tokenizer.model.kind must be conv or patch, found {cfg.kind!r}")
     channels = cfg.block_out_channels or auto_channels(shape, cfg.max_tokens_per_frame)
     n = len(channels)
     factor = 2 ** (n - 1)
+    sample_size = shape[0] if shape[0] == shape[1] else list(shape)
     if shape[0] % factor or shape[1] % factor:
         raise ValueError(
             f"{shape[0]}x{shape[1]} frames are not divisible by the tokenizer's {factor}x "
             "downsampling; set data.resize/data.crop or other tokenizer.model.block_out_channels"
+        )
+    if cfg.kind == "patch":
+        return PatchVQModel(
+            patch=factor,
+            hidden_channels=cfg.hidden_channels,
+            vq_embed_dim=cfg.embed_dim,
+            num_vq_embeddings=cfg.codebook_size,
+            sample_size=sample_size,
         )
     return VQModel(
         in_channels=3,
@@ -90,26 +105,31 @@ def build_vq_model(cfg: VQConfig, shape: int | tuple[int, int]) -> VQModel:
         num_vq_embeddings=cfg.codebook_size,
         norm_num_groups=cfg.norm_num_groups,
         mid_block_add_attention=False,
-        sample_size=shape[0] if shape[0] == shape[1] else list(shape),
+        sample_size=sample_size,
     )
 
 
 class VQTokenizer:
     """Frames <-> token grids with a trained ``VQModel`` (CPU, float32, no grad)."""
 
-    def __init__(self, model: VQModel) -> None:
+    def __init__(self, model: VQModel | PatchVQModel) -> None:
         self.model = model.eval()
         cfg = model.config
         self.codebook_size = int(cfg.num_vq_embeddings)
         size = cfg.sample_size
         self.frame_shape = (int(size), int(size)) if isinstance(size, int) else tuple(size)
-        factor = 2 ** (len(cfg.block_out_channels) - 1)
+        if isinstance(model, PatchVQModel):
+            factor = int(cfg.patch)
+        else:
+            factor = 2 ** (len(cfg.block_out_channels) - 1)
         self.grid = (self.frame_shape[0] // factor, self.frame_shape[1] // factor)
         self.tokens_per_frame = self.grid[0] * self.grid[1]
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> VQTokenizer:
-        return cls(VQModel.from_pretrained(str(path), low_cpu_mem_usage=False))
+        config = json.loads((Path(path) / "config.json").read_text())
+        kind = PatchVQModel if config.get("_class_name") == PatchVQModel.__name__ else VQModel
+        return cls(kind.from_pretrained(str(path), low_cpu_mem_usage=False))
 
     def save_pretrained(self, path: str | Path) -> None:
         self.model.save_pretrained(str(path))
@@ -225,7 +245,9 @@ def _fit(tok: VQTokenizer, frames: np.ndarray, train: AETrainConfig, progress: b
 
 
 @torch.no_grad()
-def _restart_dead_codes(model: VQModel, usage: torch.Tensor, h: torch.Tensor) -> None:
+def _restart_dead_codes(
+    model: VQModel | PatchVQModel, usage: torch.Tensor, h: torch.Tensor
+) -> None:
     """Move codes unused since the last restart onto random encoder outputs ``h [N, D, h, w]``."""
     dead = torch.nonzero(usage == 0).reshape(-1)
     if len(dead) == 0:
