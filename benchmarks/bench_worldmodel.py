@@ -58,16 +58,18 @@ def run_seed(
         result = fit(cfg)
         summary = {**result.summary, "wall_time_s": result.wall_time_s,
                    "peak_memory_gib": result.peak_memory_gib}  # fmt: skip
+    rows, future = references(cfg, task)
     return {
         "table": summary["worldmodel_eval"],
-        "references": references(cfg, task),
+        "references": rows,
+        "future": future,
         "wall_time_s": summary["wall_time_s"],
         "peak_memory_gib": summary["peak_memory_gib"],
     }
 
 
-def references(cfg, task_name: str) -> dict[str, dict[str, float]]:
-    """Copy-last-frame and tokenizer-ceiling rows on the run's test windows."""
+def references(cfg, task_name: str) -> tuple[dict[str, dict[str, float]], int]:
+    """Copy-last-frame and tokenizer-ceiling rows on the run's test windows, and its F."""
     from mmrl.tasks import get_task
     from mmrl.tasks.worldmodel_eval import TOKENIZER_SUBDIR, reference_rows
     from mmrl.worldmodel.tokenizer import VQTokenizer
@@ -75,7 +77,8 @@ def references(cfg, task_name: str) -> dict[str, dict[str, float]]:
     task = get_task(task_name)(cfg.task)
     windows = task.build_data(cfg.trainer.seed).test
     tokenizer = VQTokenizer.from_pretrained(cfg.output_dir / "actor" / TOKENIZER_SUBDIR)
-    return reference_rows(windows, tokenizer, task.pretrain_cfg.data.future)
+    future = task.pretrain_cfg.data.future
+    return reference_rows(windows, tokenizer, future), future
 
 
 def markdown(runs: dict[int, dict]) -> str:
@@ -166,8 +169,7 @@ def main() -> None:
         s: run_seed(s, args.out, args.overrides, args.pretrain_per_seed, args.task)
         for s in args.seeds
     }
-    future = max(int(k[len("psnr@t"):]) for k in runs[args.seeds[0]]["references"]
-                 ["copy last context frame"] if k.startswith("psnr@t"))  # fmt: skip
+    future = runs[args.seeds[0]]["future"]
     table = "\n\n".join(
         [markdown(runs), per_step_markdown(runs, future), "\n".join(beats_copy(runs, future))]
     )
