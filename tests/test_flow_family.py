@@ -171,6 +171,19 @@ def test_vllm_refuses_a_flow_policy_in_one_line(tmp_path):
     assert "cannot be served by vLLM: set actor_rollout_ref.rollout.name=latent" in message
 
 
+def test_mmrl_train_refuses_vllm_for_the_flow_task_before_any_work(tmp_path, capsys):
+    from mmrl.trainer.cli import main
+
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    args = [f"trainer.output_dir={run}", f"task.work_dir={cache}"]
+    code = main(["train", "task=worldmodel_flow", "actor_rollout_ref.rollout.name=vllm", *args])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "rollout.name=vllm: a flow_latent policy samples its denoising steps" in err
+    assert "set actor_rollout_ref.rollout.name=latent" in err
+    assert not run.exists() and not cache.exists()  # nothing pretrained, nothing written
+
+
 def test_flow_policy_shards_with_fsdp2_and_saves_with_its_autoencoder(tmp_path):
     from mmrl.hybrid import fsdp
 

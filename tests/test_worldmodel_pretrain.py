@@ -83,7 +83,16 @@ def test_pretraining_starts_from_a_one_frame_model_with_the_same_vocabulary(tmp_
     torch.manual_seed(0)
     source = build_token_world_model(one_frame, TokenLMConfig(64, 64, 1, 1, 1, 128))
     save_token_world_model(source, one_frame, tmp_path / "f1")
-    cfg = load_pretrain_config([f"output_dir={tmp_path}", f"train.init_from={tmp_path / 'f1'}"])
+    same_model = [
+        "model.hidden_size=64",
+        "model.intermediate_size=64",
+        "model.num_hidden_layers=1",
+        "model.num_attention_heads=1",
+        "model.num_key_value_heads=1",
+        "model.max_position_embeddings=128",
+    ]
+    start = [f"output_dir={tmp_path}", f"train.init_from={tmp_path / 'f1'}"]
+    cfg = load_pretrain_config(start + same_model)
     four = TokenWorldModelProcessor(
         VocabLayout(16, (2, 2), action), context=2, future=4, action_form="interleaved"
     )
@@ -93,3 +102,6 @@ def test_pretraining_starts_from_a_one_frame_model_with_the_same_vocabulary(tmp_
     other = TokenWorldModelProcessor(VocabLayout(32, (2, 2), action), context=2, future=4)
     with pytest.raises(ValueError, match="another vocabulary"):
         initial_model(other, cfg)
+    # the run's config must describe the model it trains: model.* cannot silently lose
+    with pytest.raises(ValueError, match=r"num_hidden_layers=4 \(init_from has 1\)"):
+        initial_model(four, load_pretrain_config(start + same_model[:2]))

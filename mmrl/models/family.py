@@ -58,11 +58,14 @@ class PolicyFamily:
     """One model kind. Subclasses override what differs; every method has one caller path.
 
     ``name`` is the registry name; ``has_critic`` says whether :meth:`load_critic` can
-    build a value model for GAE.
+    build a value model for GAE; ``vllm_servable`` whether :meth:`vllm_serving` can serve
+    the kind, and ``module_rollout`` the engine that samples it on its own module instead.
     """
 
     name: ClassVar[str]
     has_critic: ClassVar[bool] = False
+    vllm_servable: ClassVar[bool] = False
+    module_rollout: ClassVar[str] = "hf"
 
     def detect(self, path: Path) -> bool:
         """Whether the folder ``path`` holds a checkpoint of this kind (its files only)."""
@@ -127,8 +130,13 @@ class PolicyFamily:
 
     def vllm_serving(self, path: Path, tokenizer: Any) -> VLLMServing:
         """What a vLLM engine must do to serve this kind."""
-        raise ConfigError(
-            f"a {self.name} policy cannot be served by vLLM: set actor_rollout_ref.rollout.name=hf"
+        raise ConfigError(self.vllm_refusal())
+
+    def vllm_refusal(self) -> str:
+        """Why vLLM cannot serve this kind, and which engine to use (one line)."""
+        return (
+            f"a {self.name} policy cannot be served by vLLM: set "
+            f"actor_rollout_ref.rollout.name={self.module_rollout}"
         )
 
 

@@ -25,8 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mmrl.errors import ConfigError
-from mmrl.models.family import PolicyFamily, VLLMServing, register_family, torch_dtype
+from mmrl.models.family import PolicyFamily, register_family, torch_dtype
 from mmrl.models.flow_policy import CONFIG_FILE, FlowVelocityPolicy
 from mmrl.models.flow_sde import (
     sample_step,
@@ -58,6 +57,8 @@ class FlowLatentFamily(PolicyFamily):
     ``attention_mask`` (and ``position_ids``) to [B, K + F*S].
     """
 
+    module_rollout = "latent"
+
     def detect(self, path: Path) -> bool:
         return (path / CONFIG_FILE).is_file()
 
@@ -73,10 +74,10 @@ class FlowLatentFamily(PolicyFamily):
         # The policy copies the autoencoder/ of the folder it was loaded from (``source``).
         model.save_pretrained(path, state_dict=state_dict)
 
-    def vllm_serving(self, path: Path, tokenizer: Any) -> VLLMServing:
-        raise ConfigError(
+    def vllm_refusal(self) -> str:
+        return (
             f"a {self.name} policy samples its denoising steps on its own module and cannot be "
-            "served by vLLM: set actor_rollout_ref.rollout.name=latent"
+            f"served by vLLM: set actor_rollout_ref.rollout.name={self.module_rollout}"
         )
 
     def response_log_probs(

@@ -38,6 +38,8 @@ class LatentFamily(PolicyFamily):
     (all False) and extends ``attention_mask`` (and ``position_ids``) to [B, K + F].
     """
 
+    module_rollout = "latent"
+
     def detect(self, path: Path) -> bool:
         return (path / CONFIG_FILE).is_file()
 

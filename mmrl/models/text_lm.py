@@ -46,6 +46,7 @@ class TextLMFamily(PolicyFamily):
     """A ``save_pretrained`` causal LM with its tokenizer (Qwen2, Llama, ...)."""
 
     has_critic = True
+    vllm_servable = True
     auto_class: Any = AutoModelForCausalLM
 
     def detect(self, path: Path) -> bool:

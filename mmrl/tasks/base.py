@@ -114,6 +114,8 @@ class Task(Generic[D]):
     """
 
     name: str
+    # The policy family of the model initial_model makes (None: known only from the folder).
+    policy_family: str | None = None
 
     def build_data(self, seed: int) -> TaskData[D]:
         """The task's splits, drawn or read with ``seed``."""

@@ -75,6 +75,8 @@ class WorldModelFlowConfig(WorldModelLatentConfig):
 class WorldModelFlowTask(WorldModelLatentTask):
     """The latent task's data, autoencoder and processor; a flow policy to start from."""
 
+    policy_family = "flow_latent"
+
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg: WorldModelFlowConfig = task_config(WorldModelFlowConfig, cfg)
         self.name = self.cfg.name

@@ -92,6 +92,8 @@ class WorldModelLatentConfig:
 class WorldModelLatentTask(Task[FrameWindows]):
     """Interface beyond :class:`Task`: ``data_dirs``, ``autoencoder`` and ``policy_config``."""
 
+    policy_family = "latent"
+
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg: WorldModelLatentConfig = task_config(WorldModelLatentConfig, cfg)
         self.name = self.cfg.name

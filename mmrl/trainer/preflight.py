@@ -82,7 +82,7 @@ def task_problems(cfg: RunConfig) -> tuple[list[str], Any]:
     except MMRLError as err:
         return [err.what if not err.where else f"{err.where}: {err.what}"], None
     settings = getattr(task, "cfg", None)
-    problems = []
+    problems = engine_problems(cfg, task.policy_family)
     for key, value in _settings(settings, "task."):
         leaf = key.rsplit(".", 1)[-1]
         if leaf.endswith("_files"):
@@ -122,9 +122,11 @@ def model_problems(cfg: RunConfig, task_settings: Any) -> list[str]:
     from mmrl.models import policy_family
 
     try:
-        policy_family(path)  # the folder must hold one known kind of checkpoint
+        family = policy_family(path)  # the folder must hold one known kind of checkpoint
     except MMRLError as err:
         return [f"{key}={path}: {err.what}"]
+    if refused := engine_problems(cfg, family.name):
+        return refused
     config_file = Path(path) / "config.json"
     if not config_file.is_file():
         return []  # a latent policy: no token context, no vLLM
@@ -149,6 +151,18 @@ def model_problems(cfg: RunConfig, task_settings: Any) -> list[str]:
                 "rollout.name=hf"
             )
     return problems
+
+
+def engine_problems(cfg: RunConfig, family_name: str | None) -> list[str]:
+    """``rollout.name=vllm`` for a kind of policy that vLLM cannot serve."""
+    if cfg.actor_rollout_ref.rollout.name != "vllm" or family_name is None:
+        return []
+    from mmrl.models import get_family
+
+    family = get_family(family_name)
+    if family.vllm_servable:
+        return []
+    return [f"actor_rollout_ref.rollout.name=vllm: {family.vllm_refusal()}"]
 
 
 def _runs_on_cpu(cfg: RunConfig) -> bool:

@@ -256,6 +256,16 @@ def initial_model(processor: TokenWorldModelProcessor, cfg: PretrainConfig) -> P
             f"train.init_from={cfg.train.init_from} has another vocabulary (tokenizer or "
             "actions) than this data; start from a model trained with the same tokenizer"
         )
+    differ = [
+        f"{key}={value} (init_from has {getattr(model.config, key)})"
+        for key, value in asdict(cfg.model).items()
+        if getattr(model.config, key) != value
+    ]
+    if differ:
+        raise ValueError(
+            f"train.init_from={cfg.train.init_from} keeps its own architecture, but model.* asks "
+            f"for {', '.join(differ)}; drop those overrides or start from random weights"
+        )
     processor.check_model_config(model.config)
     return model
 
