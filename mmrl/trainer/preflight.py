@@ -190,7 +190,8 @@ def find_problems(cfg: RunConfig) -> list[str]:
     problems = field_problems(cfg) + registry_problems(cfg) + verifier_problems(cfg)
     problems += resume_problems(cfg)
     found, settings = task_problems(cfg)
-    return problems + found + model_problems(cfg, settings)
+    # The task's family and the model folder's can both refuse an engine: say it once.
+    return list(dict.fromkeys(problems + found + model_problems(cfg, settings)))
 
 
 def preflight(cfg: RunConfig) -> None:
