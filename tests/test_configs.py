@@ -19,6 +19,7 @@ REQUIRED = {
     "task/vision_parquet": ["task.train_files=[/data/train.parquet]"],
     "task/worldmodel_videos": ["task.pretrain.data.videos=/data/my_recordings"],
     "task/worldmodel_latent_videos": ["task.data.videos=/data/my_recordings"],
+    "task/worldmodel_flow_videos": ["task.data.videos=/data/my_recordings"],
 }
 
 

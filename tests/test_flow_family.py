@@ -218,3 +218,52 @@ def test_config_errors_name_the_setting():
         FlowPolicyConfig(num_steps=4, train_steps=4)
     with pytest.raises(ValueError, match=r"needs actions \[B, 4, A\], found \[6, 3, 2\]"):
         rollout(policy(), prompts(f=2), f=3)
+
+
+def test_mmrl_eval_scores_a_flow_policy_folder_greedy_sampled_and_against_copying(tmp_path, capsys):
+    """`mmrl eval` reads a flow folder as it reads a Gaussian latent one: ODE and SDE rows, the
+    autoencoder's references, and the data's fit checked first."""
+    import json
+
+    from mmrl.trainer.eval_worldmodel import main
+    from mmrl.worldmodel.data import generate_dataset
+    from mmrl.worldmodel.latent_ae import AEConfig, LatentAutoencoder, build_ae_model
+
+    folder = tmp_path / "flow"
+    policy().save_pretrained(folder)
+    ae = LatentAutoencoder(build_ae_model(AEConfig(block_out_channels=[8, 8, 8]), 32))
+    ae.save_pretrained(folder / AUTOENCODER_DIR)
+    push = generate_dataset("push", 2, 5, tmp_path / "push", seed=0, progress=False)
+    args = ["--model", str(folder), "--data", str(push), "--windows", "3", "--samples", "2"]
+    assert main([*args, "--json", str(tmp_path / "m.json")]) == 0
+    out = capsys.readouterr().out
+    assert "flow-matching latent policy; 3 windows" in out and "env: push" in out
+    assert "copy last context frame (through the AE)" in out
+    rows = json.loads((tmp_path / "m.json").read_text())
+    greedy, sampled = rows["model (greedy)"], rows["model (sampled x2, T=1)"]
+    assert all(np.isfinite(greedy[k]) for k in ("psnr", "lpips", "state_match")), greedy
+    assert greedy["psnr"] != sampled["psnr"]  # the ODE and the SDE are different decodings
+    grid = generate_dataset("grid", 1, 5, tmp_path / "grid", seed=0, progress=False)
+    with pytest.raises(ValueError, match="actions have dimension 1; the latent policy takes 2"):
+        main(["--model", str(folder), "--data", str(grid)])
+
+
+def test_flow_on_recordings_names_its_videos_task(tmp_path):
+    """task=worldmodel_flow_videos needs the folder; the environment recipe's state metric on
+    recordings points to the videos task."""
+    from mmrl.config import load_config
+    from mmrl.tasks import get_task
+    from mmrl.worldmodel.latent_ae import AEConfig, LatentAutoencoder, build_ae_model
+    from tests.video_data import write_episodes
+
+    with pytest.raises(ValueError, match=r"task=worldmodel_flow_videos .* task.data.videos=DIR"):
+        get_task("worldmodel_flow_videos")(load_config(["task=worldmodel_flow_videos"]).task)
+    videos = write_episodes(tmp_path / "videos", 4)
+    cfg = load_config(
+        ["task=worldmodel_flow", f"task.data.videos={videos}", f"task.work_dir={tmp_path / 'w'}"]
+    )
+    task = get_task(cfg.task["name"])(cfg.task)
+    ae = LatentAutoencoder(build_ae_model(AEConfig(block_out_channels=[8, 8, 8]), (48, 64)))
+    ae.save_pretrained(tmp_path / "policy" / AUTOENCODER_DIR)
+    with pytest.raises(ValueError, match=r"\['state_match'\].*task=worldmodel_flow_videos"):
+        task.build_prompt_processor(tmp_path / "policy", cfg)

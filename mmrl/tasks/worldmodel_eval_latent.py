@@ -1,4 +1,5 @@
-"""Held-out evaluation of a Gaussian latent world-model policy (``latent_policy.json`` folders).
+"""Held-out evaluation of latent world-model policies: Gaussian heads (``latent_policy.json``)
+and flow-matching velocities (``flow_policy.json``).
 
 Frames come from the same processor and rollout engine as RL, and are scored by
 :func:`~mmrl.tasks.worldmodel_eval.frame_scores`, as token world models are.
@@ -13,12 +14,15 @@ import numpy as np
 
 from mmrl.tasks.worldmodel_eval import EvalResult, _nanmean, frame_scores, summarize_runs
 
+LATENT_FAMILIES = ("latent", "flow_latent")  # policies over autoencoder latents
 
-def load_latent_policy(model_dir: str | Path):
-    """``(policy, autoencoder)`` of a latent policy folder (``latent_policy.json`` +
-    ``autoencoder/``).
-    """
-    from mmrl.models.latent_policy import AUTOENCODER_DIR, GaussianLatentPolicy
+
+def load_latent_policy(model_dir: str | Path) -> tuple[Any, Any, str]:
+    """``(policy, autoencoder, family name)`` of a latent policy folder: a Gaussian head
+    (``latent_policy.json``) or a flow-matching velocity (``flow_policy.json``), each with the
+    ``autoencoder/`` that defines its latent space."""
+    from mmrl.models import policy_family
+    from mmrl.models.latent_policy import AUTOENCODER_DIR
     from mmrl.worldmodel.latent_ae import LatentAutoencoder
 
     ae_dir = Path(model_dir) / AUTOENCODER_DIR
@@ -27,9 +31,11 @@ def load_latent_policy(model_dir: str | Path):
             f"{model_dir} has no {AUTOENCODER_DIR}/ folder: a latent policy folder carries the "
             "autoencoder that defines its latent space"
         )
-    return GaussianLatentPolicy.from_pretrained(
-        model_dir
-    ).float().eval(), LatentAutoencoder.from_pretrained(ae_dir)
+    family = policy_family(model_dir)
+    if family.name not in LATENT_FAMILIES:
+        raise ValueError(f"{model_dir} holds a {family.name} policy, not a latent world model")
+    policy = family.load(Path(model_dir)).float().eval()
+    return policy, LatentAutoencoder.from_pretrained(ae_dir), family.name
 
 
 def check_source_fits_latent(source: Any, policy: Any, ae: Any, where: str) -> None:
@@ -113,16 +119,16 @@ def latent_reference_rows(windows: Any, ae: Any, future: int) -> dict[str, dict[
 def compare_latent_base_and_rl(
     base_dir: Path, rl_dir: Path, windows: Any, settings: Any, seed: int
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """Both latent policy folders on the same held-out windows, greedy and sampled
-    (``settings`` has ``samples`` and ``temperature``), plus the base autoencoder's
+    """Both latent policy folders (Gaussian or flow) on the same held-out windows, greedy and
+    sampled (``settings`` has ``samples`` and ``temperature``), plus the base autoencoder's
     references: ``{"base" | "rl": {decoding: metrics}, "reference": {name: metrics}}``."""
     table: dict[str, dict[str, dict[str, float]]] = {}
     for name, path in (("base", base_dir), ("rl", rl_dir)):
-        policy, ae = load_latent_policy(path)
+        policy, ae, family = load_latent_policy(path)
         table[name] = {
-            "greedy": evaluate_latent(policy, ae, windows, True, seed=seed).metrics,
+            "greedy": evaluate_latent(policy, ae, windows, True, seed=seed, family=family).metrics,
             "sampled": evaluate_latent(
-                policy, ae, windows, False, settings.samples, seed, settings.temperature
+                policy, ae, windows, False, settings.samples, seed, settings.temperature, family
             ).metrics,
         }
         if name == "base":

@@ -2,11 +2,13 @@
 
 The latent world-model task (:mod:`mmrl.tasks.worldmodel_latent`) with a flow-matching
 policy (:mod:`mmrl.models.flow_policy`) in place of the Gaussian head: the same trajectory
-windows, autoencoder, prompt processor and frame verifiers (by default -(MAE + LPIPS)).
+windows (generated, or imported from recordings with ``task=worldmodel_flow_videos``),
+autoencoder, prompt processor and frame verifiers (by default -(MAE + LPIPS)).
 :meth:`WorldModelFlowTask.initial_model` pretrains the velocity by flow matching, cached
 under ``task.work_dir`` by a hash of its settings (the sampler settings are written into
-the policy's ``flow_policy.json`` and need no retraining). After RL, :meth:`on_fit_end`
-compares the pretrained and the RL policy on the test split.
+the policy's ``flow_policy.json`` and need no retraining). After RL, the latent task's
+``on_fit_end`` compares the pretrained and the RL policy on the test split, ODE and SDE, beside
+copying the last frame and the autoencoder's ceiling.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmrl.models.flow_policy import CONFIG_FILE, SAMPLER_KEYS, FlowPolicyConfig
-from mmrl.models.latent_policy import AUTOENCODER_DIR
-from mmrl.tasks.base import register_task, task_config
+from mmrl.tasks.base import register_task
 from mmrl.tasks.worldmodel_latent import WorldModelLatentConfig, WorldModelLatentTask
 from mmrl.worldmodel import frames as F
 from mmrl.worldmodel.data import TrajectoryDataset
@@ -71,16 +72,14 @@ class WorldModelFlowConfig(WorldModelLatentConfig):
     eval: FlowHeldOutEval = field(default_factory=FlowHeldOutEval)
 
 
+@register_task("worldmodel_flow_videos")
 @register_task("worldmodel_flow")
 class WorldModelFlowTask(WorldModelLatentTask):
-    """The latent task's data, autoencoder and processor; a flow policy to start from."""
+    """The latent task's data (generated or recorded), autoencoder, processor and test-split
+    comparison; a flow policy to start from."""
 
     policy_family = "flow_latent"
-
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        self.cfg: WorldModelFlowConfig = task_config(WorldModelFlowConfig, cfg)
-        self.name = self.cfg.name
-        self._dirs: tuple[Path, Path, Path] | None = None
+    config_class = WorldModelFlowConfig
 
     def policy_config(self) -> FlowPolicyConfig:
         """The flow policy's architecture and sampler for this task's environment and AE."""
@@ -137,34 +136,6 @@ class WorldModelFlowTask(WorldModelLatentTask):
         )
         steps = self.cfg.pretrain.steps
         return {"steps": steps, "val_loss": last["val/loss"], "val_mse": last["val/mse"]}
-
-    def on_fit_end(
-        self, cfg: RunConfig, base_dir: Path, actor_dir: Path, history: list[dict]
-    ) -> dict[str, Any]:
-        """Base and RL policy on the test split, ODE (greedy) and SDE-sampled, scored as
-        validation scores (``worldmodel_eval.json``: ``{model: {decoding: metrics}}``)."""
-        import numpy as np
-
-        from mmrl.models.flow_policy import FlowVelocityPolicy
-        from mmrl.tasks.worldmodel_eval_latent import evaluate_latent
-        from mmrl.worldmodel.latent_ae import LatentAutoencoder
-
-        e = self.cfg.eval
-        test = self.build_data(cfg.trainer.seed).test
-        if e.windows < len(test):
-            test = test[np.linspace(0, len(test) - 1, e.windows).round().astype(int)]
-        table: dict[str, dict[str, dict[str, float]]] = {}
-        for name, folder in (("base", Path(base_dir)), ("rl", Path(actor_dir))):
-            policy = FlowVelocityPolicy.from_pretrained(folder).float().eval()
-            ae = LatentAutoencoder.from_pretrained(folder / AUTOENCODER_DIR)
-            for decoding in ("greedy", "sampled"):
-                result = evaluate_latent(
-                    policy, ae, test, decoding == "greedy", e.samples, cfg.trainer.seed,
-                    e.temperature, family="flow_latent",
-                )  # fmt: skip
-                table.setdefault(name, {})[decoding] = result.metrics
-        (cfg.output_dir / "worldmodel_eval.json").write_text(json.dumps(table, indent=1))
-        return {"worldmodel_eval": table}
 
 
 __all__ = ["WorldModelFlowConfig", "WorldModelFlowTask"]

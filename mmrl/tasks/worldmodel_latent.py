@@ -93,14 +93,15 @@ class WorldModelLatentTask(Task[FrameWindows]):
     """Interface beyond :class:`Task`: ``data_dirs``, ``autoencoder`` and ``policy_config``."""
 
     policy_family = "latent"
+    config_class: type[WorldModelLatentConfig] = WorldModelLatentConfig
 
     def __init__(self, cfg: dict[str, Any]) -> None:
-        self.cfg: WorldModelLatentConfig = task_config(WorldModelLatentConfig, cfg)
+        self.cfg = task_config(self.config_class, cfg)
         self.name = self.cfg.name
         self._dirs: tuple[Path, Path, Path] | None = None
-        if self.name == "worldmodel_latent_videos" and not self.cfg.data.videos:
+        if self.name.endswith("_videos") and not self.cfg.data.videos:
             raise ValueError(
-                "task=worldmodel_latent_videos trains on your recordings: pass "
+                f"task={self.name} trains on your recordings: pass "
                 "task.data.videos=DIR (a folder of mp4 + action files)"
             )
         if not self.cfg.data.videos and not self.cfg.env:
@@ -237,9 +238,8 @@ class WorldModelLatentTask(Task[FrameWindows]):
                 "the autoencoder that defines its latent space"
             )
         if self.cfg.data.videos:
-            refuse_state_verifiers(
-                cfg.reward.verifiers, "use task=worldmodel_latent_videos or remove them"
-            )
+            videos_task = self.name.removesuffix("_videos") + "_videos"
+            refuse_state_verifiers(cfg.reward.verifiers, f"use task={videos_task} or remove them")
         return LatentWorldModelProcessor(
             LatentAutoencoder.from_pretrained(ae_dir), self.cfg.context, self.cfg.future
         )

@@ -17,6 +17,7 @@ from mmrl.tasks.worldmodel_eval import (
     reference_rows,
 )
 from mmrl.tasks.worldmodel_eval_latent import (
+    LATENT_FAMILIES,
     check_source_fits_latent,
     evaluate_latent,
     latent_reference_rows,
@@ -26,7 +27,7 @@ from mmrl.tasks.worldmodel_eval_latent import (
 
 def main(argv: list[str] | None = None) -> int:
     """``mmrl eval --model DIR --data DIR``: metrics of a world-model checkpoint (token world
-    model or latent policy folder) on trajectory data."""
+    model, or a Gaussian or flow-matching latent policy folder) on trajectory data."""
     import argparse
 
     from mmrl.models import policy_family
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         "--model",
         required=True,
         help="world-model checkpoint (token_wm/best, an RL actor/ folder) "
-        "or a latent policy folder (latent_policy.json + autoencoder/)",
+        "or a latent policy folder (latent_policy.json or flow_policy.json + autoencoder/)",
     )
     p.add_argument(
         "--data", required=True, help="trajectory dataset folder, or a folder of .mp4 + actions"
@@ -75,21 +76,23 @@ def main(argv: list[str] | None = None) -> int:
     sampled = f"model (sampled x{args.samples}, T={args.temperature:g})"
     if not Path(args.model).is_dir():  # before the family check, whose message is about training
         raise FileNotFoundError(f"world-model checkpoint {args.model} does not exist")
-    if policy_family(args.model).name == "latent":  # a token world model is a text LM
-        policy, ae = load_latent_policy(args.model)
+    if policy_family(args.model).name in LATENT_FAMILIES:  # a token world model is a text LM
+        policy, ae, family = load_latent_policy(args.model)
         context, future = policy.cfg.context, args.future or 2
         source = open_trajectories(args.data, args.num_actions)
         check_source_fits_latent(source, policy, ae, args.data)
         check_trajectory_length(source, context, future, args.data)
         windows = load_windows(source, context, future, args.windows, args.seed)
         rows = {
-            "model (greedy)": evaluate_latent(policy, ae, windows, True, seed=args.seed).metrics,
+            "model (greedy)": evaluate_latent(
+                policy, ae, windows, True, seed=args.seed, family=family
+            ).metrics,
             sampled: evaluate_latent(
-                policy, ae, windows, False, args.samples, args.seed, args.temperature
+                policy, ae, windows, False, args.samples, args.seed, args.temperature, family
             ).metrics,
         }
         rows.update(latent_reference_rows(windows, ae, future))
-        kind = "latent policy"
+        kind = {"latent": "latent policy", "flow_latent": "flow-matching latent policy"}[family]
     else:
         model, processor, tokenizer = load_checkpoint(args.model, args.tokenizer)
         context, future = processor.context, processor.future
