@@ -105,3 +105,16 @@ def test_pretraining_starts_from_a_one_frame_model_with_the_same_vocabulary(tmp_
     # the run's config must describe the model it trains: model.* cannot silently lose
     with pytest.raises(ValueError, match=r"num_hidden_layers=4 \(init_from has 1\)"):
         initial_model(four, load_pretrain_config(start + same_model[:2]))
+    # The same layout with other tokenizer weights gives the same ids other meanings.
+    from safetensors.torch import save_file
+
+    for folder, value in ((tmp_path / "f1" / "vq_tokenizer", 1.0), (tmp_path / "tokenizer", 2.0)):
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        save_file({"codebook": torch.full((16, 4), value)}, folder / "model.safetensors")
+    with pytest.raises(
+        ValueError, match=r"VQ tokenizer in .*f1/vq_tokenizer, whose weights differ"
+    ):
+        initial_model(four, cfg)
+    save_file({"codebook": torch.full((16, 4), 1.0)}, tmp_path / "tokenizer" / "model.safetensors")
+    assert initial_model(four, cfg) is not None  # a copy of the same weights is the same tokenizer

@@ -23,10 +23,10 @@ from transformers import PreTrainedModel
 from mmrl.errors import CheckpointError, DataError
 from mmrl.verifiers.repetition import DEFAULT_TAU, repetition_rate
 from mmrl.worldmodel.envs import frame_state_match, make_env
+from mmrl.worldmodel.lm_init import TOKENIZER_SUBDIR  # a checkpoint carries its VQ tokenizer here
 from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
 from mmrl.worldmodel.tokenizer import VQTokenizer
 
-TOKENIZER_SUBDIR = "vq_tokenizer"  # a world-model checkpoint carries its VQ tokenizer here
 METRICS = ("psnr", "ssim", "lpips", "mae", "state_match", "valid")
 
 

@@ -31,6 +31,7 @@ from mmrl.utils.timing import peak_rss_gib
 from mmrl.worldmodel.data import TrajectoryDataset
 from mmrl.worldmodel.envs import frame_state_match, make_env
 from mmrl.worldmodel.frames import psnr
+from mmrl.worldmodel.lm_init import initial_model
 from mmrl.worldmodel.pretrain_data import (
     IGNORE,
     DataSection,
@@ -42,7 +43,6 @@ from mmrl.worldmodel.pretrain_data import (
 from mmrl.worldmodel.token_lm import (
     TokenLMConfig,
     TokenWorldModelProcessor,
-    build_token_world_model,
     load_token_world_model,
     save_token_world_model,
 )
@@ -242,32 +242,6 @@ def weighted_lm_loss(
         logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE, reduction="none"
     )
     return (ce * w.flatten()).sum() / w.sum()
-
-
-def initial_model(processor: TokenWorldModelProcessor, cfg: PretrainConfig) -> PreTrainedModel:
-    """Random weights, or ``train.init_from``'s: a token world model with the same vocabulary
-    (tokenizer and actions) and any context, future or action form, so that a model trained
-    on one-frame futures can start the training of longer ones."""
-    if cfg.train.init_from is None:
-        return build_token_world_model(processor, cfg.model)
-    model, start = load_token_world_model(cfg.train.init_from)
-    if start.layout.to_json() != processor.layout.to_json():
-        raise ValueError(
-            f"train.init_from={cfg.train.init_from} has another vocabulary (tokenizer or "
-            "actions) than this data; start from a model trained with the same tokenizer"
-        )
-    differ = [
-        f"{key}={value} (init_from has {getattr(model.config, key)})"
-        for key, value in asdict(cfg.model).items()
-        if getattr(model.config, key) != value
-    ]
-    if differ:
-        raise ValueError(
-            f"train.init_from={cfg.train.init_from} keeps its own architecture, but model.* asks "
-            f"for {', '.join(differ)}; drop those overrides or start from random weights"
-        )
-    processor.check_model_config(model.config)
-    return model
 
 
 def plateaued(val_losses: list[float], patience: int, min_delta: float) -> bool:
