@@ -34,7 +34,8 @@ from mmrl.models.flow_sde import (
     step_log_prob,
     time_grid,
 )
-from mmrl.models.latent_family import latent_sampling_generator
+from mmrl.models.latent_family import check_latent_sampling
+from mmrl.models.row_noise import RowNoise
 from mmrl.protocol import Batch
 from mmrl.sampling import FRAME_END_KEY, SamplingParams
 
@@ -126,13 +127,14 @@ class FlowLatentFamily(PolicyFamily):
         cfg = model.cfg
         context, actions = prompts["context_latents"], prompts["actions"]
         (b, k), f, s = context.shape[:2], sampling.max_tokens, cfg.num_steps
-        generator = latent_sampling_generator(prompts, sampling, "a flow policy's SDE")
+        check_latent_sampling(prompts, sampling, "a flow policy's SDE")
+        noise = RowNoise.for_rollout(prompts, sampling)
         was_training = model.training
         model.eval()
         grid = time_grid(s).to(context)
         noise_level = cfg.noise_level * (sampling.temperature if sampling.do_sample else 1.0)
         # Every frame's starting noise first: the ODE and the SDE start from the same points.
-        starts = torch.randn((f, b, *context.shape[2:]), generator=generator).to(context)
+        starts = noise.randn((f, *context.shape[2:])).transpose(0, 1).to(context)
         window, paths, log_probs = context, [], []
         for frame in range(f):
             act, x = actions[:, frame : frame + k], starts[frame]
@@ -142,7 +144,7 @@ class FlowLatentFamily(PolicyFamily):
                 velocity = model(x, t, window, act)
                 mean, std = step_distribution(x, velocity, t, t_next, noise_level, float(grid[1]))
                 if sampling.do_sample:
-                    x = sample_step(mean, std, generator)
+                    x = sample_step(mean, std, noise)
                 else:  # the ODE: Euler's step, scored under the policy's SDE
                     x = step_distribution(x, velocity, t, t_next, 0.0, float(grid[1]))[0]
                 log_probs.append(step_log_prob(x, mean, std))
@@ -150,13 +152,25 @@ class FlowLatentFamily(PolicyFamily):
             paths.append(torch.stack(path, 1))
             window = torch.cat([window[:, 1:], x.unsqueeze(1)], dim=1)
         model.train(was_training)
-        mask = trained_steps(b, f, s, cfg.train_steps, generator).to(context.device)
+        mask = trained_steps(b, f, s, cfg.train_steps, step_generator(sampling))
+        mask = mask.to(context.device)
         out = prompts.clone()
         out[PATH_KEY] = torch.stack(paths, 1)
         out[TIMES_KEY] = grid.expand(b, s + 1).clone()
         out["response_latents"] = out[PATH_KEY][:, :, -1].clone()
         out["rollout_log_probs"] = torch.stack(log_probs, 1).float()
         return finish_flow_rollout(out, mask, f, s)
+
+
+def step_generator(sampling: SamplingParams) -> torch.Generator:
+    """The generator of the trained-step subset: seeded by the step's ``sampling.seed`` alone,
+    so every rank of a worker group, and a run at any worker count, trains the same steps."""
+    generator = torch.Generator()
+    if sampling.seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(sampling.seed)
+    return generator
 
 
 def trained_steps(

@@ -24,6 +24,8 @@ import math
 
 import torch
 
+from mmrl.models.row_noise import RowNoise, standard_normal
+
 
 def time_grid(steps: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``[steps + 1]`` times from 1 (noise) down to 0 (data), evenly spaced."""
@@ -61,11 +63,12 @@ def step_distribution(
 
 
 def sample_step(
-    mean: torch.Tensor, std: torch.Tensor, generator: torch.Generator | None = None
+    mean: torch.Tensor, std: torch.Tensor, generator: torch.Generator | RowNoise | None = None
 ) -> torch.Tensor:
     """A draw from ``N(mean, std^2 I)`` (``std [B]``; ``std = 0`` returns ``mean``). The noise
-    is drawn on the CPU from ``generator``, so a seed gives the same path on any device."""
-    noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype).to(mean.device)
+    is drawn on the CPU from ``generator`` (one, or one per row), so a seed gives the same path
+    on any device."""
+    noise = standard_normal(mean.shape, generator, mean.dtype).to(mean.device)
     return mean + std.view((-1,) + (1,) * (mean.dim() - 1)) * noise
 
 

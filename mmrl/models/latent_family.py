@@ -22,6 +22,7 @@ from torch import nn
 
 from mmrl.models.family import PolicyFamily, register_family, torch_dtype
 from mmrl.models.latent_policy import CONFIG_FILE, GaussianLatentPolicy
+from mmrl.models.row_noise import RowNoise
 from mmrl.protocol import Batch
 from mmrl.sampling import SamplingParams
 
@@ -72,7 +73,8 @@ class LatentFamily(PolicyFamily):
     ) -> Batch:
         context, actions = prompts["context_latents"], prompts["actions"]
         k, f = context.shape[1], sampling.max_tokens
-        generator = latent_sampling_generator(prompts, sampling, "a Gaussian")
+        check_latent_sampling(prompts, sampling, "a Gaussian")
+        noise = RowNoise.for_rollout(prompts, sampling)
         was_training = model.training
         model.eval()
         window, latents, log_probs = context, [], []
@@ -81,7 +83,7 @@ class LatentFamily(PolicyFamily):
                 window,
                 actions[:, step : step + k],
                 greedy=not sampling.do_sample,
-                generator=generator,
+                generator=noise,
                 temperature=sampling.temperature,
             )
             latents.append(z)
@@ -91,12 +93,9 @@ class LatentFamily(PolicyFamily):
         return finish_latent_rollout(prompts, torch.stack(latents, 1), torch.stack(log_probs, 1))
 
 
-def latent_sampling_generator(
-    prompts: Batch, sampling: SamplingParams, what: str
-) -> torch.Generator:
-    """The generator a latent-space rollout draws from (seeded by ``sampling.seed``), after
-    checking the prompts hold the actions the F sampled frames need and that sampling ``what``
-    has a positive temperature."""
+def check_latent_sampling(prompts: Batch, sampling: SamplingParams, what: str) -> None:
+    """Refuse a latent-space rollout whose prompts lack the actions its F sampled frames need,
+    or whose sampling of ``what`` has no positive temperature."""
     k, f = prompts["context_latents"].shape[1], sampling.max_tokens
     actions = prompts["actions"]
     if actions.shape[1] != k + f - 1:
@@ -107,12 +106,6 @@ def latent_sampling_generator(
         )
     if sampling.do_sample and sampling.temperature <= 0:
         raise ValueError(f"sampling {what} needs temperature > 0, found {sampling.temperature}")
-    generator = torch.Generator()
-    if sampling.seed is not None:
-        generator.manual_seed(sampling.seed)
-    else:
-        generator.seed()
-    return generator
 
 
 def finish_latent_rollout(prompts: Batch, latents: torch.Tensor, log_probs: torch.Tensor) -> Batch:

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from mmrl.models.row_noise import RowNoise, standard_normal
 from mmrl.protocol import Batch
 
 WEIGHTS_FILE, CONFIG_FILE = "latent_policy.safetensors", "latent_policy.json"
@@ -109,20 +110,20 @@ class GaussianLatentPolicy(nn.Module):
         context: torch.Tensor,
         actions: torch.Tensor,
         greedy: bool = False,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | RowNoise | None = None,
         temperature: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A next latent ``[B, C, h, w]`` and its log-density ``[B]``.
 
         ``temperature`` scales the standard deviation. ``greedy`` returns the mean and the
         log-density of the untempered Gaussian there. The noise is drawn on the CPU from
-        ``generator``, so a seed gives the same sample on any device.
+        ``generator`` (one, or one per row), so a seed gives the same sample on any device.
         """
         mean, log_std = self(context, actions)
         if greedy:
             return mean, gaussian_log_prob(mean, mean, log_std)
         log_std = log_std + math.log(temperature)
-        noise = torch.randn(mean.shape, generator=generator).to(mean.device)
+        noise = standard_normal(mean.shape, generator).to(mean.device)
         z = mean + noise * log_std.exp()
         return z, gaussian_log_prob(z, mean, log_std)
 
