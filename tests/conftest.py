@@ -107,6 +107,13 @@ def save_tiny_qwen2(path: Path, tied: bool, seed: int = 0) -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_token_wm_cache(tmp_path_factory) -> Path:
+    """One ``task.cache_dir`` for the small token world-model base (tests/test_worldmodel_rl.py's
+    ``small_pretraining``): the first test to run pretrains it, later ones hit the cache."""
+    return tmp_path_factory.mktemp("small_token_wm")
+
+
+@pytest.fixture(scope="session")
 def tiny_lm_dirs(tmp_path_factory) -> dict[str, Path]:
     """``{"untied": dir, "tied": dir}``: tiny Qwen2 models with and without tied embeddings."""
     return {

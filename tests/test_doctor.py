@@ -241,7 +241,9 @@ def test_error_growth_is_named_from_the_evaluations_own_per_step_scores():
 
 
 @pytest.mark.slow
-def test_world_model_rewarded_for_standing_still_is_named_repetition(tmp_path, capsys):
+def test_world_model_rewarded_for_standing_still_is_named_repetition(
+    tmp_path, capsys, small_token_wm_cache
+):
     """A real token world-model run whose reward pays for repeating the last frame
     (repetition_penalty with a negative weight) and whose validation predictions stand still
     where the truth moves (80% at this seed): `mmrl doctor` names the repetition, with the
@@ -251,7 +253,7 @@ def test_world_model_rewarded_for_standing_still_is_named_repetition(tmp_path, c
     cfg, result = run(
         tmp_path,
         "task=worldmodel_tokens",
-        *small_pretraining(tmp_path / "cache"),
+        *small_pretraining(small_token_wm_cache),
         "task.val_windows=16",
         "task.eval.windows=16",
         "task.eval.samples=1",

@@ -84,20 +84,6 @@ def test_text_run_killed_between_steps_and_inside_a_save_continues_exactly(
     assert_same_run(resumed, full)
 
 
-def test_vllm_run_killed_between_steps_continues_exactly(tmp_path, warm_model_dir):
-    """vLLM samples each response with its own seed, and the loaded weights are synced into
-    the engine: its later steps are bit-for-bit equal too (fp32 engine, in-process)."""
-    vllm = (
-        "actor_rollout_ref.rollout.name=vllm",
-        "actor_rollout_ref.rollout.kv_cache_memory_gib=0.125",
-    )
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    assert train(full, warm_model_dir, *vllm) == 0
-    assert train(resumed, warm_model_dir, *vllm, kill_at="after_step:3") == -9
-    assert train(resumed, warm_model_dir, *vllm) == 0
-    assert_same_run(resumed, full)
-
-
 @pytest.fixture(scope="module")
 def two_worker_run(tmp_path_factory, warm_model_dir) -> Path:
     out = tmp_path_factory.mktemp("ray") / "full"

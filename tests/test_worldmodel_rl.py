@@ -292,7 +292,7 @@ def small_pretraining(cache_dir: Path) -> tuple[str, ...]:
 
 
 @pytest.mark.slow
-def test_grpo_beats_its_pretrained_start_on_test_windows(tmp_path):
+def test_grpo_beats_its_pretrained_start_on_test_windows(tmp_path, small_token_wm_cache):
     """The whole recipe, small and with a fixed seed: data, tokenizer, MLE pretraining to a
     fixed budget, GRPO with -(MAE + LPIPS), then base vs RL on 96 test windows that neither
     pretraining, its checkpoint choice nor validation read, decoded the same way (2 samples
@@ -310,7 +310,7 @@ def test_grpo_beats_its_pretrained_start_on_test_windows(tmp_path):
         run_overrides(
             tmp_path / "run",
             "task=worldmodel_tokens",
-            *small_pretraining(tmp_path / "cache"),
+            *small_pretraining(small_token_wm_cache),
             "task.val_windows=16",
             "task.eval.windows=96",
             "task.eval.samples=2",
