@@ -15,12 +15,20 @@ times; the table gives the median time and its ratio to the first setting. Setti
   (``--max-tokens``);
 - ``fsdp``: the one-rank FSDP2 wrapper the worker uses, against the plain module;
 - ``fsdp bf16`` (``--bf16``): the FSDP2 mixed-precision policy
-  (``trainer.mixed_precision=bf16``).
+  (``trainer.mixed_precision=bf16``);
+- ``autocast bf16`` (``--bf16``): the plain module under ``torch.autocast`` (what TRL's
+  ``bf16=true`` does on CPU), for comparison;
+- ``fsdp bf16 dynamic N`` (``--bf16``): the mixed-precision policy with token-budget
+  micro-batches (the first ``--max-tokens``).
+
+``--profile SETTING`` runs one more update of that setting under ``torch.profiler`` and
+prints the operators that took the most time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import statistics
@@ -73,6 +81,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, nargs="+", default=[512, 1024, 2048])
     parser.add_argument("--bf16", action="store_true", help="also the bf16 mixed-precision policy")
+    parser.add_argument("--profile", help="a setting to profile once more, by operator")
     args = parser.parse_args()
     fsdp.init_process_group(0, 1, "cpu", timeout_s=600)
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,17 +102,28 @@ def main() -> None:
     }
     if args.bf16:
         settings["fsdp bf16 trimmed"] = (True, actor, "fsdp", "bf16")
+        settings["autocast bf16 trimmed"] = (True, actor, "plain", "autocast")
+        budget = args.max_tokens[0]
+        settings[f"fsdp bf16 dynamic {budget}"] = (True, dynamic[budget], "fsdp", "bf16")
+    if args.profile and args.profile not in settings:
+        parser.error(f"--profile {args.profile!r}: expected one of {sorted(settings)}")
     models = {}
     for name, (_, _, wrap, precision) in settings.items():
         model = copy.deepcopy(base)
         if wrap == "fsdp":
             model = fsdp.shard_model(model, fsdp.mixed_precision_policy(precision or "fp32", "cpu"))
         models[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-5))
-    times: dict[str, list[float]] = {name: [] for name in settings}
-    for _ in range(args.repeats + 1):  # the first round warms up
-        for name, (trim, cfg, _, _) in settings.items():
-            model, optimizer = models[name]
-            start = time.perf_counter()
+
+    def update(name: str) -> float:
+        trim, cfg, _, precision = settings[name]
+        model, optimizer = models[name]
+        autocast = (
+            torch.autocast("cpu", dtype=torch.bfloat16)
+            if precision == "autocast"
+            else contextlib.nullcontext()
+        )
+        start = time.perf_counter()
+        with autocast:
             update_policy(
                 TEXT_LM,
                 model,
@@ -115,7 +135,12 @@ def main() -> None:
                 seed=0,
                 trim=trim,
             )
-            times[name].append(time.perf_counter() - start)
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {name: [] for name in settings}
+    for _ in range(args.repeats + 1):  # the first round warms up
+        for name in settings:
+            times[name].append(update(name))
     first = statistics.median(times["padded"][1:])
     real = int(batch["attention_mask"].sum())
     print(
@@ -128,6 +153,10 @@ def main() -> None:
         median = statistics.median(values[1:])
         rows.append({"setting": name, "median_s": median, "times_s": values[1:]})
         print(f"| {name} | {median:.2f} | {first / median:.2f}x |")
+    if args.profile:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            update(args.profile)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     write_results(
         f"actor_update_{args.size}",
         rows,

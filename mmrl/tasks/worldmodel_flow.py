@@ -46,10 +46,10 @@ class FlowSamplerConfig:
 class FlowPretrainConfig:
     """Flow-matching pretraining of the velocity: a budget fixed before RL."""
 
-    steps: int = 800
+    steps: int = 4000
     batch_size: int = 64
     lr: float = 1e-3
-    val_every: int = 100
+    val_every: int = 500
 
 
 @dataclass
