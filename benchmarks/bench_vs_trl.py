@@ -126,7 +126,16 @@ def run_trl(model_dir: Path, steps: int, options: dict[str, str]) -> dict:
             callbacks=[timer],
         )
         trainer.train()
-    return {"step_times_s": timer.times}
+        # The completions' length decides a step's work: report it beside mmrl's.
+        lengths = [
+            row["completions/mean_length"]
+            for row in trainer.state.log_history
+            if "completions/mean_length" in row
+        ]
+    return {
+        "step_times_s": timer.times,
+        "response_length_mean": statistics.mean(lengths) if lengths else float("nan"),
+    }
 
 
 def run_mmrl(model_dir: Path, steps: int, engine: str, overrides: list[str]) -> dict:
@@ -204,6 +213,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument(
+        "--name", default=None, help="results file name (default: vs_trl_<size>_<engine>)"
+    )
+    parser.add_argument(
         "--trl",
         action="append",
         default=None,
@@ -238,7 +250,9 @@ def main() -> None:
                 runs.append(result)
                 print(
                     f"{side} {' '.join(options) or '(defaults)'}: median step "
-                    f"{result['median_step_s']:.2f} s, peak RSS {result['peak_rss_gib']:.2f} GiB"
+                    f"{result['median_step_s']:.2f} s, mean response "
+                    f"{result['response_length_mean']:.1f} tokens, "
+                    f"peak RSS {result['peak_rss_gib']:.2f} GiB"
                     + (
                         f", stages {fmt_stages(result['stages_s'])}, logprob_diff_max "
                         f"{result['logprob_diff_max']:.2e}"
@@ -249,7 +263,7 @@ def main() -> None:
                 )
     summarise(runs)
     write_results(
-        f"vs_trl_{args.size}_{args.engine}",
+        args.name or f"vs_trl_{args.size}_{args.engine}",
         runs,
         "python -m benchmarks.bench_vs_trl " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         params=params,
@@ -263,8 +277,11 @@ def fmt_stages(stages: dict[str, float]) -> str:
 def summarise(runs: list[dict]) -> None:
     """One row per configuration: median over repeats of the median step, and the speed-up
     over the first TRL configuration measured in the same repeat."""
-    print("\n| side | options | median step (s) | vs TRL (1st config) | peak RSS (GiB) |")
-    print("|---|---|---|---|---|")
+    print(
+        "\n| side | options | median step (s) | vs TRL (1st config) | mean response (tokens) "
+        "| peak RSS (GiB) |"
+    )
+    print("|---|---|---|---|---|---|")
     keys = []
     for r in runs:
         key = (r["side"], tuple(r["options"]))
@@ -275,9 +292,10 @@ def summarise(runs: list[dict]) -> None:
         step = statistics.median(r["median_step_s"] for r in mine)
         ratio = statistics.median(first_trl(runs, r["repeat"]) / r["median_step_s"] for r in mine)
         peak = max(r["peak_rss_gib"] for r in mine)
+        length = statistics.mean(r["response_length_mean"] for r in mine)
         print(
             f"| {side} | {' '.join(options) or 'defaults'} | {step:.2f} | {ratio:.2f}x | "
-            f"{peak:.2f} |"
+            f"{length:.1f} | {peak:.2f} |"
         )
 
 

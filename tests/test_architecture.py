@@ -155,6 +155,26 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+# The PPO machinery (the loss and advantage code, the workers, the engines' dispatch, the fit
+# loop) reaches a policy family only through the PolicyFamily interface: none of it imports
+# a family's own modules or names a family's internals (denoising steps, noise levels).
+FAMILY_MODULES = re.compile(r"^mmrl\.models\.(flow_|latent_|text_lm|vlm)")
+FAMILY_WORDS = re.compile(r"denois|\bsde\b|noise_level|num_steps|flow_path|flow_mean|flow_std")
+CORE = ("algos", "hybrid", "rollout", "trainer")
+
+
+def test_the_ppo_core_knows_policy_families_only_by_their_interface():
+    leaks = []
+    for module, targets in GRAPH.items():
+        if layer_of(module)[0] not in CORE:
+            continue
+        leaks += [f"{module} imports {t}" for t in sorted(targets) if FAMILY_MODULES.match(t)]
+        for number, line in enumerate(MODULES[module].read_text().splitlines(), 1):
+            if FAMILY_WORDS.search(line):
+                leaks.append(f"{module}:{number} names {FAMILY_WORDS.search(line).group()}")
+    assert not leaks, "policy-family internals in the PPO core:\n" + "\n".join(leaks)
+
+
 def test_no_import_cycle_between_modules():
     cycle = _cycle(GRAPH)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])

@@ -75,6 +75,17 @@ def test_rollout_layout_and_exact_recomputation():
     assert (out["rollout_log_probs"].view(b, f, S)[:, :, -1] == 0).all()
     assert torch.equal(out["response_latents"], out["flow_path"][:, :, -1])
     assert out[FRAME_END_KEY].tolist() == [[S - 2, 2 * S - 2]] * b  # the last kept step
+    # Each step records its Gaussian: the ODE's last step has std 0, the others do not, and
+    # the actor's recomputation of each trained step gives the recorded mean and std.
+    assert out["flow_mean"].shape == (b, f, S, 4, 8, 8) and out["flow_std"].shape == (b, f * S)
+    stds = out["flow_std"].view(b, f, S)
+    assert (stds[:, :, -1] == 0).all() and (stds[:, :, :-1] > 0).all()
+    with torch.no_grad():
+        gaussians = FLOW.step_gaussians(model, out)
+    assert sorted(gaussians) == [(fr, st) for fr in range(f) for st in range(S - 1)]
+    for (frame, step), (mean, std) in gaussians.items():
+        assert torch.equal(mean, out["flow_mean"][:, frame, step])
+        assert torch.equal(std, stds[:, frame, step])
     # The actor's recomputation of the identical batch in one micro-batch is bit for bit the
     # sampler's record; split into other, reordered micro-batches it agrees within 1e-4.
     recomputed = compute_log_probs(FLOW, model, out, micro_batch_size=b, temperature=1.0)

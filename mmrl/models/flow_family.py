@@ -41,6 +41,8 @@ from mmrl.sampling import FRAME_END_KEY, SamplingParams
 
 PATH_KEY = "flow_path"  # [B, F, S + 1, C, h, w]: each frame's states from noise to its latent
 TIMES_KEY = "flow_times"  # [B, S + 1]: the time grid the path was sampled on
+MEAN_KEY = "flow_mean"  # [B, F, S, C, h, w]: each step's Gaussian mean as sampled
+STD_KEY = "flow_std"  # [B, F*S]: each step's Gaussian std as sampled (0: the ODE's last step)
 
 
 @register_family("flow_latent")
@@ -51,7 +53,8 @@ class FlowLatentFamily(PolicyFamily):
     Prompts are the latent family's: ``context_latents [B, K, C, h, w]``, ``actions [B, K+F-1,
     A]``, ``attention_mask [B, K]``; ``max_tokens`` counts predicted frames. :meth:`generate`
     adds ``response_latents [B, F, C, h, w]`` (the denoised latents), ``flow_path`` and
-    ``flow_times`` (what :meth:`response_log_probs` recomputes from), ``response_mask [B, F*S]``
+    ``flow_times`` (what :meth:`response_log_probs` recomputes from), ``flow_mean`` and
+    ``flow_std`` (each step's Gaussian as sampled), ``response_mask [B, F*S]``
     (0 on each frame's deterministic last step and on steps not drawn for training),
     ``rollout_log_probs [B, F*S]``, ``frame_end_steps [B, F]`` (each frame's last trained step,
     where a per-frame score goes), ``response_clipped [B]`` (all False) and extends
@@ -91,10 +94,30 @@ class FlowLatentFamily(PolicyFamily):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-densities ``[B, F*S]`` of the recorded steps (and entropies) under ``model``.
 
-        Each step is scored as it was sampled: one forward per (frame, step) over the rows,
-        from the recorded state, time and context. Only the steps some row trains (``response
-        _mask``) are computed; the rest are 0. Under a process group, every rank computes the
-        union of the ranks' steps, so sharded forwards stay paired.
+        Each step is scored as it was sampled: one forward per (frame, step) over the rows
+        (:meth:`step_gaussians`). Steps no row trains are 0.
+        """
+        path = batch[PATH_KEY]
+        b, s = path.shape[0], path.shape[2] - 1
+        zeros = path.new_zeros(b)
+        log_probs, entropies = [zeros] * (path.shape[1] * s), [zeros] * (path.shape[1] * s)
+        dims = path[0, 0, 0].numel()
+        for (frame, step), (mean, std) in self.step_gaussians(model, batch, temperature).items():
+            log_probs[frame * s + step] = step_log_prob(path[:, frame, step + 1], mean, std)
+            entropies[frame * s + step] = step_entropy(std, dims)
+        # The noise schedule is fixed, so the entropy has no gradient to keep.
+        entropy = torch.stack(entropies, 1) if with_entropy else None
+        return torch.stack(log_probs, 1), entropy
+
+    def step_gaussians(
+        self, model: nn.Module, batch: Batch, temperature: float = 1.0
+    ) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+        """Each trained step's Gaussian under ``model``: ``{(frame, step): (mean [B, C, h, w],
+        std [B])}``, recomputed from the recorded state, time and context.
+
+        Only the steps some row trains (``response_mask``) are computed. Under a process
+        group, every rank computes the union of the ranks' steps, so sharded forwards stay
+        paired.
         """
         path, times, mask = batch[PATH_KEY], batch[TIMES_KEY], batch["response_mask"]
         context, actions = batch["context_latents"], batch["actions"]
@@ -107,18 +130,12 @@ class FlowLatentFamily(PolicyFamily):
             active = active.bool()
         seq = torch.cat([context, batch["response_latents"][:, :-1]], dim=1)
         noise_level, t_cap = model.cfg.noise_level * temperature, float(times[0, 1])
-        zeros = mask.new_zeros(b, dtype=path.dtype)
-        log_probs, entropies = [zeros] * (f * s), [zeros] * (f * s)
-        dims = path[0, 0, 0].numel()
+        gaussians = {}
         for frame, step in active.nonzero().tolist():
             x, t, t_next = path[:, frame, step], times[:, step], times[:, step + 1]
             velocity = model(x, t, seq[:, frame : frame + k], actions[:, frame : frame + k])
-            mean, std = step_distribution(x, velocity, t, t_next, noise_level, t_cap)
-            log_probs[frame * s + step] = step_log_prob(path[:, frame, step + 1], mean, std)
-            entropies[frame * s + step] = step_entropy(std, dims)
-        # The noise schedule is fixed, so the entropy has no gradient to keep.
-        entropy = torch.stack(entropies, 1) if with_entropy else None
-        return torch.stack(log_probs, 1), entropy
+            gaussians[frame, step] = step_distribution(x, velocity, t, t_next, noise_level, t_cap)
+        return gaussians
 
     @torch.no_grad()
     def generate(
@@ -135,10 +152,10 @@ class FlowLatentFamily(PolicyFamily):
         noise_level = cfg.noise_level * (sampling.temperature if sampling.do_sample else 1.0)
         # Every frame's starting noise first: the ODE and the SDE start from the same points.
         starts = noise.randn((f, *context.shape[2:])).transpose(0, 1).to(context)
-        window, paths, log_probs = context, [], []
+        window, paths, means, stds, log_probs = context, [], [], [], []
         for frame in range(f):
             act, x = actions[:, frame : frame + k], starts[frame]
-            path = [x]
+            path, frame_means = [x], []
             for step in range(s):
                 t, t_next = grid[step].expand(b), grid[step + 1].expand(b)
                 velocity = model(x, t, window, act)
@@ -149,7 +166,10 @@ class FlowLatentFamily(PolicyFamily):
                     x = step_distribution(x, velocity, t, t_next, 0.0, float(grid[1]))[0]
                 log_probs.append(step_log_prob(x, mean, std))
                 path.append(x)
+                frame_means.append(mean)
+                stds.append(std)
             paths.append(torch.stack(path, 1))
+            means.append(torch.stack(frame_means, 1))
             window = torch.cat([window[:, 1:], x.unsqueeze(1)], dim=1)
         model.train(was_training)
         mask = trained_steps(b, f, s, cfg.train_steps, step_generator(sampling))
@@ -157,6 +177,8 @@ class FlowLatentFamily(PolicyFamily):
         out = prompts.clone()
         out[PATH_KEY] = torch.stack(paths, 1)
         out[TIMES_KEY] = grid.expand(b, s + 1).clone()
+        out[MEAN_KEY] = torch.stack(means, 1)
+        out[STD_KEY] = torch.stack(stds, 1)
         out["response_latents"] = out[PATH_KEY][:, :, -1].clone()
         out["rollout_log_probs"] = torch.stack(log_probs, 1).float()
         return finish_flow_rollout(out, mask, f, s)
