@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -91,11 +92,19 @@ def two_worker_run(tmp_path_factory, warm_model_dir) -> Path:
     return out
 
 
-def test_two_worker_run_resumed_at_two_workers_continues_exactly(
-    tmp_path, warm_model_dir, two_worker_run
-):
-    out = tmp_path / "resumed"
+@pytest.fixture(scope="module")
+def killed_two_worker_run(tmp_path_factory, warm_model_dir) -> Path:
+    """A 2-worker run killed after step 3 (its last checkpoint is step 2). Each test resumes
+    its own copy."""
+    out = tmp_path_factory.mktemp("ray") / "killed"
     assert train(out, warm_model_dir, "trainer.n_workers_per_node=2", kill_at="after_step:3") == -9
+    return out
+
+
+def test_two_worker_run_resumed_at_two_workers_continues_exactly(
+    tmp_path, warm_model_dir, two_worker_run, killed_two_worker_run
+):
+    out = shutil.copytree(killed_two_worker_run, tmp_path / "resumed")
     assert train(out, warm_model_dir, "trainer.n_workers_per_node=2") == 0
     assert_same_run(out, two_worker_run)
 
@@ -155,7 +164,7 @@ def test_a_two_worker_checkpoint_loads_into_one_worker_bit_for_bit(
 
 
 def test_a_two_worker_run_resumed_at_one_worker_continues_within_1e_5(
-    tmp_path, warm_model_dir, two_worker_run
+    tmp_path, warm_model_dir, two_worker_run, killed_two_worker_run
 ):
     """Rows carry their own sampling seeds and each optimizer step sees the same global
     mini-batch at any worker count, so only the order of reductions differs: every later
@@ -163,8 +172,7 @@ def test_a_two_worker_run_resumed_at_one_worker_continues_within_1e_5(
     values near 0, such as a group-normalised policy loss). ``rollout/logprob_diff_*``
     measure rounding itself (rollout against recomputed log-probs, about 1e-6), so they
     differ by their own size and are only checked to stay that small."""
-    out = tmp_path / "resumed"
-    assert train(out, warm_model_dir, "trainer.n_workers_per_node=2", kill_at="after_step:3") == -9
+    out = shutil.copytree(killed_two_worker_run, tmp_path / "resumed")
     assert train(out, warm_model_dir) == 0  # one in-process worker
     a, b = comparable(history(out)), comparable(history(two_worker_run))
     assert list(a) == list(b) == [0, 1, 2, 3, 4, 5]

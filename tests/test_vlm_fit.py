@@ -29,7 +29,9 @@ SHORT_COMPARISON = (
     "task.val_size=128",
     "trainer.val_greedy=false",
 )
-SHORT_COUNTING = ("task=visual_counting", "trainer.total_steps=20", "trainer.test_freq=20")
+# Counting asserts the warm-up and rollout/training agreement, not an RL gain (see the test),
+# so a few GRPO steps are enough.
+SHORT_COUNTING = ("task=visual_counting", "trainer.total_steps=4", "trainer.test_freq=4")
 
 
 def counting_parquet(path, n: int, seed: int):
@@ -58,8 +60,8 @@ def test_grpo_beats_its_warm_start_on_visual_comparison_test_images(tmp_path):
 
 @pytest.mark.slow
 def test_visual_counting_sft_then_grpo(tmp_path):
-    """SFT warm-up then GRPO, end to end: on 512 test images (drawn apart from training and
-    validation) the warm-up's greedy answers count above chance (1 in 5) by at least 3
+    """SFT warm-up then 4 GRPO steps, end to end: on 512 test images (drawn apart from training
+    and validation) the warm-up's greedy answers count above chance (1 in 5) by at least 3
     binomial standard errors at chance; held-out accuracy is measured before and after RL;
     rollout and training agree.
 
