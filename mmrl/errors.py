@@ -74,6 +74,10 @@ class DataError(MMRLError, ValueError):
     """A dataset, sample or media file cannot be used (malformed, corrupt, out of bounds)."""
 
 
+class DataNotFoundError(MMRLError, FileNotFoundError):
+    """A data folder the config names is missing or holds nothing of the kind asked for."""
+
+
 class CheckpointError(MMRLError, FileNotFoundError):
     """A model or checkpoint folder is missing, incomplete or of the wrong kind."""
 

@@ -278,3 +278,16 @@ def test_flow_on_recordings_names_its_videos_task(tmp_path):
     ae.save_pretrained(tmp_path / "policy" / AUTOENCODER_DIR)
     with pytest.raises(ValueError, match=r"\['state_match'\].*task=worldmodel_flow_videos"):
         task.build_prompt_processor(tmp_path / "policy", cfg)
+
+
+def test_mmrl_train_names_an_empty_videos_folder_in_one_line(tmp_path, capsys):
+    from mmrl.trainer.cli import main
+
+    empty, work = tmp_path / "empty", tmp_path / "work"
+    empty.mkdir()
+    args = [f"task.data.videos={empty}", f"trainer.output_dir={tmp_path / 'run'}"]
+    code = main(["train", "task=worldmodel_flow_videos", *args, f"task.work_dir={work}"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    assert f"{empty}: no videos (*.mp4" in err and len(err.strip().splitlines()) == 1
+    assert not work.exists() and list(empty.iterdir()) == []

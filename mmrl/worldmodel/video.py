@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from mmrl.errors import DataNotFoundError
 from mmrl.worldmodel.data import SourceInfo, Trajectory
 from mmrl.worldmodel.envs import ActionSpec
 
@@ -58,10 +59,10 @@ def list_videos(folder: str | Path) -> list[Path]:
     """The video files in ``folder`` (not recursive), sorted; an error when there are none."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: no such folder of videos")
+        raise DataNotFoundError(f"{folder}: no such folder of videos")
     paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in VIDEO_SUFFIXES)
     if not paths:
-        raise FileNotFoundError(
+        raise DataNotFoundError(
             f"{folder}: no videos ({', '.join('*' + s for s in VIDEO_SUFFIXES)}); point "
             "data.videos at the folder that holds your recordings and their action files"
         )
