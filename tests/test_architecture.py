@@ -170,8 +170,8 @@ def test_the_ppo_core_knows_policy_families_only_by_their_interface():
             continue
         leaks += [f"{module} imports {t}" for t in sorted(targets) if FAMILY_MODULES.match(t)]
         for number, line in enumerate(MODULES[module].read_text().splitlines(), 1):
-            if FAMILY_WORDS.search(line):
-                leaks.append(f"{module}:{number} names {FAMILY_WORDS.search(line).group()}")
+            if word := FAMILY_WORDS.search(line):
+                leaks.append(f"{module}:{number} names {word.group()}")
     assert not leaks, "policy-family internals in the PPO core:\n" + "\n".join(leaks)
 
 

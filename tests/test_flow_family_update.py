@@ -8,26 +8,20 @@ importance sampling weighs each step by its own density ratio, capped.
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import pytest
 import torch
 
 from mmrl import algos
-from mmrl.config import ActorConfig
 from mmrl.config.fields import AGG_MODES
-from mmrl.hybrid.actor import compute_log_probs, update_policy
-from tests.test_flow_family import FLOW, policy, prompts, rollout
+from mmrl.hybrid.actor import compute_log_probs
+
+# one_thread is test_flow_family's autouse fixture: imported, it runs this module on one
+# intra-op thread too.
+from tests.test_flow_family import FLOW, one_thread, policy, prompts, rollout  # noqa: F401
+from tests.test_step_exactness import assert_same_grads, step_grads
 
 B = 6
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
@@ -59,22 +53,11 @@ def setup():
 
 
 def applied_gradient(model, batch, micro: int, **actor) -> tuple[dict, dict]:
-    """Minus the weight change of one SGD step with lr 1 (the gradient applied) and the
-    update's metrics."""
-    model = copy.deepcopy(model)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    settings = dict(ppo_micro_batch_size=micro, grad_clip=1e12, use_kl_loss=False)
-    cfg = dataclasses.replace(ActorConfig(), **{**settings, **actor})
-    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    metrics = update_policy(FLOW, model, optimizer, batch.clone(), cfg, len(batch), 1.0, seed=0)
-    return {n: before[n] - p.detach() for n, p in model.named_parameters()}, metrics
-
-
-def assert_same(got: dict, want: dict) -> None:
-    scale = max(float(g.abs().max()) for g in want.values())
-    assert scale > 0, "the expected gradient is zero: the batch tests nothing"
-    for name, g in want.items():
-        torch.testing.assert_close(got[name], g, atol=1e-5 * scale, rtol=1e-4, msg=name)
+    """The gradient one update applies (``step_grads``) to the flow policy, in micro-batches
+    of ``micro`` rows."""
+    return step_grads(
+        model, batch, True, FLOW, 1.0, ppo_micro_batch_size=micro, grad_clip=1e12, **actor
+    )
 
 
 def flat(grads: dict) -> torch.Tensor:
@@ -87,7 +70,7 @@ def test_every_aggregation_mode_gives_one_gradient_whatever_the_micro_batches(se
     for mode in AGG_MODES:
         whole, metrics = applied_gradient(model, batch, B, loss_agg_mode=mode)
         split, _ = applied_gradient(model, batch, 2, loss_agg_mode=mode)
-        assert_same(split, whole)
+        assert_same_grads(split, whole)
         assert metrics["actor/pg_clipfrac"] == 0.0  # on-policy: every ratio is 1
         by_mode[mode] = flat(whole)
     # The mode reaches the loss: each weighs the steps otherwise.
@@ -103,7 +86,7 @@ def test_sample_based_kl_estimators_apply_per_denoising_step(setup, kind):
     actor = dict(use_kl_loss=True, kl_loss_type=kind, kl_loss_coef=0.5)
     whole, metrics = applied_gradient(model, batch, B, **actor)
     split, _ = applied_gradient(model, batch, 3, **actor)
-    assert_same(split, whole)
+    assert_same_grads(split, whole)
     # The estimator over the trained steps of valid rows, as the actor aggregates it.
     log_ratio = batch["old_log_probs"] - batch["ref_log_prob"]
     mask = batch["response_mask"] * batch["valid_mask"][:, None]
@@ -140,5 +123,5 @@ def test_truncated_importance_sampling_weighs_each_denoising_step():
     weighted, _ = applied_gradient(trainer, weighted_batch, 2)
     by_hand = batch.clone()
     by_hand["advantages"] = batch["advantages"] * weights
-    assert_same(weighted, applied_gradient(trainer, by_hand, B)[0])
+    assert_same_grads(weighted, applied_gradient(trainer, by_hand, B)[0])
     assert not torch.allclose(flat(weighted), flat(unweighted), rtol=1e-3)

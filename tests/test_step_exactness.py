@@ -117,22 +117,22 @@ def test_the_head_on_response_positions_gives_the_full_logits_log_probs(model, b
 
 
 def step_grads(
-    model, batch: Batch, trim: bool, **actor: object
+    model, batch: Batch, trim: bool, family=TEXT_LM, temperature: float = 0.7, **actor: object
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """Minus the weight change of one SGD step with lr 1 (the gradient applied), and the
-    update's metrics."""
+    update's metrics; ``actor`` overrides the ActorConfig fields set here."""
     model = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     settings = dict(ppo_micro_batch_size=MICRO, grad_clip=1e9, use_kl_loss=False)
     cfg = dataclasses.replace(ActorConfig(), **{**settings, **actor})
     metrics = update_policy(
-        TEXT_LM,
+        family,
         model,
         torch.optim.SGD(model.parameters(), lr=1.0),
         batch.clone(),
         cfg,
         mini_batch_size=len(batch),
-        temperature=0.7,
+        temperature=temperature,
         seed=0,
         trim=trim,
     )
