@@ -109,34 +109,25 @@ def test_two_worker_run_resumed_at_two_workers_continues_exactly(
     assert_same_run(out, two_worker_run)
 
 
-def test_a_dead_worker_restarts_from_the_checkpoint_and_the_run_finishes(
+def test_dead_workers_restart_from_the_start_then_from_the_checkpoint_and_the_run_finishes(
     tmp_path, warm_model_dir, two_worker_run
 ):
+    """A rank dies after step 1, before any checkpoint: the new group begins at step 1 from the
+    initial state (prompt order, KL controller, RNGs). A rank of that group dies after step 3:
+    the next one resumes from step 2's checkpoint. The run ends as if nothing died."""
     out = tmp_path / "fault"
-    extra = ("trainer.n_workers_per_node=2", "trainer.max_restarts=1")
-    assert train(out, warm_model_dir, *extra, kill_at="worker:after_step:3") == 0
-    (fault,) = [json.loads(x) for x in (out / "faults.jsonl").read_text().splitlines()]
-    assert fault["dead_rank"] == 1 and fault["reason"].startswith("died")
-    assert fault["resumed_from"].endswith("global_step_2") and fault["step"] == 4
+    extra = ("trainer.n_workers_per_node=2", "trainer.max_restarts=2")
+    kills = "worker:after_step:1,worker:after_step:3"
+    assert train(out, warm_model_dir, *extra, kill_at=kills) == 0
+    first, second = [json.loads(x) for x in (out / "faults.jsonl").read_text().splitlines()]
+    assert first["resumed_from"] is None and first["step"] == 2 and first["dead_rank"] == 1
+    assert first["reason"].startswith("died")
+    assert second["resumed_from"].endswith("global_step_2") and second["step"] == 4
     rows = comparable(history(out))
-    assert rows[3]["fault/restarts"] == 1 and rows[3]["fault/dead_rank"] == 1
-    assert rows[5]["fault/restarts"] == 1 and "fault/restarts" not in rows[2]
-    assert_same_run(out, two_worker_run, ignore=("fault/",))
-
-
-def test_a_worker_dead_before_the_first_checkpoint_restarts_the_run_from_its_start(
-    tmp_path, warm_model_dir, two_worker_run
-):
-    """No checkpoint yet (save_freq beyond the run): the restart begins at step 1 from the
-    initial state (prompt order, KL controller, RNGs), and the run ends as if nothing died."""
-    out = tmp_path / "fault"
-    extra = ("trainer.n_workers_per_node=2", "trainer.max_restarts=1", "trainer.save_freq=100")
-    assert train(out, warm_model_dir, *extra, kill_at="worker:after_step:1") == 0
-    (fault,) = [json.loads(x) for x in (out / "faults.jsonl").read_text().splitlines()]
-    assert fault["resumed_from"] is None and fault["step"] == 2 and fault["dead_rank"] == 1
-    rows = comparable(history(out))
-    assert rows[1]["fault/restarts"] == 1 and "fault/restarts" not in rows[0]
-    assert sorted(p.name for p in out.glob("global_step_*")) == ["global_step_5"]  # the last
+    assert "fault/restarts" not in rows[0]
+    assert rows[1]["fault/restarts"] == 1 and rows[1]["fault/dead_rank"] == 1
+    assert rows[3]["fault/restarts"] == 2 and rows[3]["fault/dead_rank"] == 1
+    assert rows[5]["fault/restarts"] == 2
     assert_same_run(out, two_worker_run, ignore=("fault/",))
 
 

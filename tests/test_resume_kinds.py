@@ -1,5 +1,5 @@
 """Exact resume for the other kinds of run: a token world model, a VLM on a user's parquet
-and checkpoint, and vLLM engines inside 2 Ray workers. Each run is a real `mmrl train`
+and checkpoint, and a vLLM engine. Each run is a real `mmrl train`
 process, SIGKILLed after step 3 and run again; every later metric except machine
 measurements must equal the uninterrupted run's bit for bit."""
 
@@ -99,13 +99,14 @@ def test_vlm_run_on_a_users_parquet_killed_between_steps_continues_exactly(tmp_p
     assert (resumed / "global_step_4" / "actor" / "processor_config.json").is_file()
 
 
-def test_vllm_engines_in_two_ray_workers_resume_exactly(tmp_path, warm_model_dir):
-    """Each rank's engine samples its rows with the rows' own seeds, and the loaded weights
-    are synced into every engine: a 2-worker vLLM run resumed at 2 workers is exact too."""
+def test_vllm_engine_run_resumes_exactly(tmp_path, warm_model_dir):
+    """The engine samples each row with the row's own seed, and the loaded weights are synced
+    into it before the first rollout: a vLLM run resumes exactly too. (Two workers' engines
+    following every update is tests/test_hybrid_ray.py's; rows keep their seeds on any rank,
+    which the 2-worker resume tests of tests/test_resume_exact.py show.)"""
     extra = overrides(
         tmp_path / "unused",
         warm_model_dir,
-        "trainer.n_workers_per_node=2",
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.kv_cache_memory_gib=0.125",
     )

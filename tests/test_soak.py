@@ -1,9 +1,14 @@
 """The soak benchmark scaled to 30 steps (benchmarks/bench_soak.py has the full runs): memory,
-open files and threads of the whole run stay flat after warm-up, and nothing outlives the run."""
+open files and threads of the whole run stay flat after warm-up, and nothing outlives the run.
+The Ray run's process-mode verifiers come from a user's file and must run on Ray actors."""
 
 from __future__ import annotations
 
+import textwrap
+
+import numpy as np
 import pytest
+import ray
 
 from benchmarks.bench_soak import RAY, RSS_GROWTH_MIB, SMALL, leftover_processes, measure
 from mmrl.config import load_config
@@ -34,24 +39,50 @@ def soak(tmp_path, warm_model_dir, *extra: str, warmup: float = 0.2):
     )
     result = fit(cfg)
     assert len(result.history) == STEPS
-    return measure("soak", result.history, result.wall_time_s, leftover_processes(before), warmup)
+    res = measure("soak", result.history, result.wall_time_s, leftover_processes(before), warmup)
+    return res, result
 
 
 @pytest.mark.slow
 def test_text_grpo_in_process_stays_flat(tmp_path, warm_model_dir):
-    res = soak(tmp_path, warm_model_dir)
+    res, _ = soak(tmp_path, warm_model_dir)
     # The full soak's bound, scaled to the steps measured: 50 MiB per 300 steps.
     assert not res.problems(rss_bound_mib=RSS_GROWTH_MIB * STEPS / 300), res
+
+
+# A user's verifier file: exact match, plus whether the call ran inside a Ray worker.
+VERIFIER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from mmrl.verifiers import VerifierOutput
+
+    def exact_in_ray(batch):
+        in_ray = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+        scores = np.array([float(str(r).strip() == str(t).strip())
+                           for r, t in zip(batch["response_text"], batch["ground_truth"])])
+        return VerifierOutput(scores=scores, valid=np.ones(len(scores), dtype=bool),
+                              metrics={"in_ray": np.full(len(scores), float(in_ray))})
+""")
 
 
 @pytest.mark.slow
 def test_text_grpo_on_two_ray_workers_with_process_verifiers_leaves_nothing_behind(
     tmp_path, warm_model_dir
 ):
-    res = soak(
-        tmp_path, warm_model_dir, *RAY,
-        "reward.verifiers=[{name: exact_answer, weight: 1.0, mode: process}]", warmup=0.5,
-    )  # fmt: skip
+    """Process-mode verifiers from a user's file run as actors on the Ray that mmrl starts for
+    two FSDP workers. That Ray holds exactly the CPUs of the workers' bundles; the verifier
+    actors reserve none and must still run every call."""
+    assert not ray.is_initialized(), "another test left Ray running"
+    verifier = tmp_path / "my_verifier.py"
+    verifier.write_text(VERIFIER)
+    plugin = f"reward.verifiers=[{{name: '{verifier}:exact_in_ray', alias: exact, mode: process}}]"
+    res, result = soak(tmp_path / "run", warm_model_dir, *RAY, plugin, warmup=0.5)
+    assert set(result.series("reward/exact/in_ray")) == {1.0}  # every call ran on a Ray actor
+    assert result.series("val/exact/in_ray") == [1.0, 1.0, 1.0]
+    assert sum(result.series("reward/exact/errors")) == 0
+    # The warmed-up model answers some sums right: scores come back and line up with samples.
+    assert np.mean(result.series("reward/exact/mean")) > 0.1
+    assert not ray.is_initialized()  # mmrl stops the Ray it started
     assert res.processes_peak >= 4  # the Ray workers and verifier actors were counted
     assert res.fds_end - res.fds_start <= FD_JITTER, res
     # Ray's gRPC pools start a thread or two on demand late in a short run (seen: 310 -> 312);

@@ -78,6 +78,8 @@ class FaultRecovery:
 
 def kill_worker_point(step: int, workers: Workers, restarts: int) -> None:
     """Test hook: ``MMRL_TEST_KILL_AT=worker:after_step:N`` SIGKILLs the last rank's process
-    after step N, once (before any restart), as a crashed or OOM-killed worker would die."""
-    if restarts == 0 and os.environ.get(ckpt.KILL_ENV, "") == f"worker:after_step:{step}":
+    after step N, as a crashed or OOM-killed worker would die. A comma-separated list kills
+    once per point: the k-th point fires in the group started after k restarts."""
+    points = os.environ.get(ckpt.KILL_ENV, "").split(",")
+    if restarts < len(points) and points[restarts] == f"worker:after_step:{step}":
         os.kill(workers.actor.pid()[-1], signal.SIGKILL)
