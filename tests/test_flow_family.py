@@ -254,6 +254,9 @@ def test_mmrl_eval_scores_a_flow_policy_folder_greedy_sampled_and_against_copyin
     greedy, sampled = rows["model (greedy)"], rows["model (sampled x2, T=1)"]
     assert all(np.isfinite(greedy[k]) for k in ("psnr", "lpips", "state_match")), greedy
     assert greedy["psnr"] != sampled["psnr"]  # the ODE and the SDE are different decodings
+    # The repetition rate is the token models' metric: copying repeats every moving frame.
+    assert np.isfinite(greedy["repetition"]) and np.isfinite(sampled["repetition"])
+    assert rows["copy last context frame (through the AE)"]["repetition"] == 1.0
     grid = generate_dataset("grid", 1, 5, tmp_path / "grid", seed=0, progress=False)
     with pytest.raises(ValueError, match="actions have dimension 1; the latent policy takes 2"):
         main(["--model", str(folder), "--data", str(grid)])

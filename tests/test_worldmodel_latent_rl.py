@@ -300,8 +300,10 @@ def test_eval_prints_table_for_a_latent_policy(latent_folder, tmp_path, capsys):
     rows = json.loads((tmp_path / "m.json").read_text())
     for name in ("model (greedy)", "model (sampled x2, T=1)"):
         m = rows[name]
-        assert all(np.isfinite(m[k]) for k in ("psnr", "ssim", "lpips", "mae", "state_match")), m
+        metrics = ("psnr", "ssim", "lpips", "mae", "state_match", "repetition")
+        assert all(np.isfinite(m[k]) for k in metrics), m
         assert m["valid"] == 1.0
+    assert rows["copy last context frame (through the AE)"]["repetition"] == 1.0
 
 
 def test_eval_latent_policy_mismatches_are_clear(latent_folder, tmp_path):

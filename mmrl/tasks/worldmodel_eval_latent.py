@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from mmrl.tasks.worldmodel_eval import EvalResult, _nanmean, frame_scores, summarize_runs
+from mmrl.verifiers.repetition import DEFAULT_TAU
 
 LATENT_FAMILIES = ("latent", "flow_latent")  # policies over autoencoder latents
 
@@ -78,6 +79,13 @@ def predict_latent(
     return processor.decode(engine.generate(prompts, sampling))["pred_frames"].numpy()
 
 
+def through_autoencoder(ae: Any, frames: np.ndarray) -> np.ndarray:
+    """``frames uint8 [..., H, W, 3]`` encoded and decoded by ``ae``: what a perfect latent
+    prediction of them would decode to."""
+    flat = frames.reshape(-1, *frames.shape[-3:])
+    return ae.decode(ae.encode(flat)).reshape(frames.shape)
+
+
 def evaluate_latent(
     policy: Any,
     ae: Any,
@@ -87,32 +95,41 @@ def evaluate_latent(
     seed: int = 0,
     temperature: float = 1.0,
     family: str = "latent",
+    tau: float = DEFAULT_TAU,
 ) -> EvalResult:
     """Like :func:`evaluate_model` for a latent policy of the family ``family`` (greedy: the
-    means, or a flow policy's ODE; no invalid frames)."""
+    means, or a flow policy's ODE; no invalid frames). The repetition rate (threshold ``tau``)
+    compares the first predicted frame with the last context frame through the autoencoder."""
     ok = np.ones(len(windows), bool)
+    last = windows.context[:, -1]
+    decoded = through_autoencoder(ae, last)
     per_run, first = [], None
     for r in range(1 if greedy else samples):
         frames = predict_latent(policy, ae, windows, greedy, temperature, seed + 7919 * r, family)
         first = frames if first is None else first
-        per_run.append(frame_scores(frames, windows.future, ok, windows.env))
+        per_run.append(frame_scores(frames, windows.future, ok, windows.env, last, tau, decoded))
     return summarize_runs(per_run, first)
 
 
-def latent_reference_rows(windows: Any, ae: Any, future: int) -> dict[str, dict[str, float]]:
+def latent_reference_rows(
+    windows: Any, ae: Any, future: int, tau: float = DEFAULT_TAU
+) -> dict[str, dict[str, float]]:
     """Two references through the policy's autoencoder: copying the last context frame, and
     the true future itself (the autoencoder's ceiling), both encoded and decoded."""
-    last = np.repeat(windows.context[:, -1:], future, axis=1)
+    last = windows.context[:, -1]
+    decoded = through_autoencoder(ae, last)
     ok = np.ones(len(windows), bool)
     rows = {}
+    copy, ceiling = (
+        np.repeat(decoded[:, None], future, axis=1),
+        through_autoencoder(ae, windows.future),
+    )
     for name, frames in (
-        ("copy last context frame (through the AE)", last),
-        ("autoencoder ceiling (true future through the AE)", windows.future),
+        ("copy last context frame (through the AE)", copy),
+        ("autoencoder ceiling (true future through the AE)", ceiling),
     ):
-        flat = ae.decode(ae.encode(frames.reshape(-1, *frames.shape[2:]))).reshape(frames.shape)
-        rows[name] = {
-            k: _nanmean(v) for k, v in frame_scores(flat, windows.future, ok, windows.env).items()
-        }
+        scores = frame_scores(frames, windows.future, ok, windows.env, last, tau, decoded)
+        rows[name] = {k: _nanmean(v) for k, v in scores.items()}
     return rows
 
 
@@ -122,15 +139,16 @@ def compare_latent_base_and_rl(
     """Both latent policy folders (Gaussian or flow) on the same held-out windows, greedy and
     sampled (``settings`` has ``samples`` and ``temperature``), plus the base autoencoder's
     references: ``{"base" | "rl": {decoding: metrics}, "reference": {name: metrics}}``."""
+    tau = getattr(settings, "repetition_tau", DEFAULT_TAU)
     table: dict[str, dict[str, dict[str, float]]] = {}
     for name, path in (("base", base_dir), ("rl", rl_dir)):
         policy, ae, family = load_latent_policy(path)
-        table[name] = {
-            "greedy": evaluate_latent(policy, ae, windows, True, seed=seed, family=family).metrics,
-            "sampled": evaluate_latent(
-                policy, ae, windows, False, settings.samples, seed, settings.temperature, family
-            ).metrics,
-        }
+        greedy = evaluate_latent(policy, ae, windows, True, seed=seed, family=family, tau=tau)
+        sampled = evaluate_latent(
+            policy, ae, windows, False, settings.samples, seed, settings.temperature, family, tau
+        )
+        table[name] = {"greedy": greedy.metrics, "sampled": sampled.metrics}
         if name == "base":
-            table["reference"] = latent_reference_rows(windows, ae, windows.future.shape[1])
+            future = windows.future.shape[1]
+            table["reference"] = latent_reference_rows(windows, ae, future, tau)
     return {k: table[k] for k in ("base", "rl", "reference")}

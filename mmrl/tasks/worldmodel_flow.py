@@ -59,6 +59,9 @@ class FlowHeldOutEval:
     windows: int = 128  # test windows, evenly spaced over the split
     samples: int = 2  # sampled predictions per window (greedy, the ODE, uses one)
     temperature: float = 1.0  # multiplies the noise level when sampling
+    # A predicted frame that moves less than this (mean |pixel change| in [0, 1]) while the
+    # true frame moves more counts as repeated (mmrl.verifiers.repetition).
+    repetition_tau: float = 0.01
 
 
 @dataclass

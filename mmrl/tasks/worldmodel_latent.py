@@ -82,7 +82,7 @@ class WorldModelLatentConfig:
     )  # LatentPolicyConfig overrides (hidden, log-std range)
     pretrain: LatentPretrainConfig = field(default_factory=LatentPretrainConfig)
     # The end-of-run comparison of base and tuned policy on the test split (windows evenly
-    # spaced over it; greedy = the mean latents; repetition_tau is unused here).
+    # spaced over it; greedy = the mean latents).
     eval: HeldOutEval = field(default_factory=HeldOutEval)
     progress_bar: bool = True
 

@@ -83,15 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         check_source_fits_latent(source, policy, ae, args.data)
         check_trajectory_length(source, context, future, args.data)
         windows = load_windows(source, context, future, args.windows, args.seed)
-        rows = {
-            "model (greedy)": evaluate_latent(
-                policy, ae, windows, True, seed=args.seed, family=family
-            ).metrics,
-            sampled: evaluate_latent(
-                policy, ae, windows, False, args.samples, args.seed, args.temperature, family
-            ).metrics,
-        }
-        rows.update(latent_reference_rows(windows, ae, future))
+        common = {"seed": args.seed, "family": family, "tau": args.tau}
+        greedy = evaluate_latent(policy, ae, windows, True, **common)
+        sampled_run = evaluate_latent(
+            policy, ae, windows, False, args.samples, temperature=args.temperature, **common
+        )
+        rows = {"model (greedy)": greedy.metrics, sampled: sampled_run.metrics}
+        rows.update(latent_reference_rows(windows, ae, future, args.tau))
         kind = {"latent": "latent policy", "flow_latent": "flow-matching latent policy"}[family]
     else:
         model, processor, tokenizer = load_checkpoint(args.model, args.tokenizer)
