@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from mmrl.hybrid.dispatch import Dispatch, collect, dispatch_mode, register, split_args
+from mmrl.hybrid.dispatch import (
+    Dispatch,
+    average_metrics,
+    collect,
+    dispatch_mode,
+    register,
+    split_args,
+)
 from mmrl.hybrid.group import WorkerGroup
 from mmrl.protocol import Batch
 
@@ -133,3 +140,15 @@ def test_collect_merges_meta_and_rejects_unknown_results():
     with pytest.raises(TypeError, match="cannot merge per-rank results of type str"):
         collect(Dispatch.DP_COMPUTE, ["a", "b"], 0)
     assert dispatch_mode(EchoWorker, "train") is Dispatch.DP_UPDATE
+
+
+def test_rank_metrics_combine_as_their_names_say():
+    per_rank = [
+        {"actor/pg_loss": 1.0, "rollout/logprob_diff_max": 0.1, "rollout_is/min": 0.5},
+        {"actor/pg_loss": 3.0, "rollout/logprob_diff_max": 0.3, "rollout_is/min": 0.9},
+    ]
+    assert average_metrics(per_rank) == {
+        "actor/pg_loss": 2.0,
+        "rollout/logprob_diff_max": 0.3,
+        "rollout_is/min": 0.5,
+    }

@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from mmrl import algos
 from mmrl.config import ActorConfig, load_config, old_log_prob_source
 from mmrl.errors import ConfigError
 from mmrl.hybrid.actor import compute_log_probs, update_policy
@@ -117,7 +118,13 @@ def test_the_head_on_response_positions_gives_the_full_logits_log_probs(model, b
 
 
 def step_grads(
-    model, batch: Batch, trim: bool, family=TEXT_LM, temperature: float = 0.7, **actor: object
+    model,
+    batch: Batch,
+    trim: bool,
+    family=TEXT_LM,
+    temperature: float = 0.7,
+    rollout_is: tuple[str, float] | None = None,
+    **actor: object,
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """Minus the weight change of one SGD step with lr 1 (the gradient applied), and the
     update's metrics; ``actor`` overrides the ActorConfig fields set here."""
@@ -135,6 +142,7 @@ def step_grads(
         temperature=temperature,
         seed=0,
         trim=trim,
+        rollout_is=rollout_is,
     )
     return {n: before[n] - p.detach() for n, p in model.named_parameters()}, metrics
 
@@ -181,6 +189,32 @@ def test_on_policy_old_log_probs_give_the_recomputed_loss_and_gradient(model, ba
     assert got_metrics["rollout/logprob_diff_max"] == pytest.approx(float(noise.max()), abs=1e-5)
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_on_policy_truncated_importance_weights_equal_the_recomputed_ones(model, batch, level):
+    """``algorithm.rollout_is`` with the on-policy shortcut: the update weighs each term by the
+    capped ratio of its own forward pass to the engine's log-probs, as the recomputing path
+    does with the recomputed old log-probs."""
+    recomputed = batch.clone()
+    old = compute_log_probs(TEXT_LM, model, batch, MICRO, 0.7)
+    mask = batch["response_mask"]
+    sign = torch.tensor([1.0, -1.0]).repeat(len(batch) // 2)[:, None]
+    gap = torch.linspace(-0.3, 0.3, T) * sign * mask  # some ratios over the cap, some under
+    recomputed["old_log_probs"] = old
+    recomputed["rollout_log_probs"] = old + gap
+    weights, want_is = algos.rollout_is_weights(old, old + gap, mask, level, cap=1.2)
+    assert 0 < want_is["rollout_is/capped_frac"] < 1
+    recomputed["rollout_is_weights"] = weights
+    on_policy = recomputed.clone()
+    on_policy.pop(["old_log_probs", "rollout_is_weights"])
+    want, _ = step_grads(model, recomputed, trim=True)
+    got, got_metrics = step_grads(model, on_policy, trim=True, rollout_is=(level, 1.2))
+    assert_same_grads(got, want)
+    for key, value in want_is.items():
+        assert got_metrics[key] == pytest.approx(value, abs=1e-5), key
+    unweighted, _ = step_grads(model, on_policy, trim=True)
+    assert not torch.allclose(unweighted["lm_head.weight"], want["lm_head.weight"], atol=1e-4)
+
+
 def test_an_update_without_old_log_probs_must_be_on_policy(model, batch):
     cfg = dataclasses.replace(ActorConfig(), ppo_epochs=2, use_kl_loss=False)
     with pytest.raises(ValueError, match="not on-policy"):
@@ -203,10 +237,11 @@ def test_old_log_prob_auto_skips_the_recomputation_only_where_it_is_exact():
         "actor_rollout_ref.actor.ppo_epochs=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "algorithm.use_kl_in_reward=true",
-        "algorithm.rollout_is=token",
     ):
         assert old_log_prob_source(load_config([*on_policy, blocker])) == "recompute", blocker
         with pytest.raises(ConfigError, match="old_log_prob=update"):
             load_config([*on_policy, blocker, "actor_rollout_ref.actor.old_log_prob=update"])
+    # Truncated importance weights come from the update's own forward pass too.
+    assert old_log_prob_source(load_config([*on_policy, "algorithm.rollout_is=token"])) == "update"
     rollout = load_config([*on_policy, "actor_rollout_ref.actor.old_log_prob=rollout"])
     assert old_log_prob_source(rollout) == "rollout"

@@ -92,8 +92,6 @@ def on_policy_blockers(cfg: RunConfig) -> list[str]:
         )
     if algo.use_kl_in_reward:
         blockers.append("algorithm.use_kl_in_reward=true")
-    if algo.rollout_is:
-        blockers.append(f"algorithm.rollout_is={algo.rollout_is}")
     return blockers
 
 

@@ -83,6 +83,7 @@ def update_policy(
     temperature: float,
     seed: int,
     trim: bool = True,
+    rollout_is: tuple[str, float] | None = None,
 ) -> dict[str, float]:
     """PPO epochs over shuffled mini-batches, accumulating gradients over micro-batches.
 
@@ -91,8 +92,10 @@ def update_policy(
     one epoch, one mini-batch) they are the update's own forward pass, detached: every
     micro-batch runs forward before the one optimizer step, so these are the log-probs of
     the policy that sampled, and the forward pass a recomputation would make is saved. Then
-    ``rollout/logprob_diff_*`` come from that pass. With ``trim``, micro-batches run without
-    the padding no row of them uses. Returns averaged ``actor/*`` metrics.
+    ``rollout/logprob_diff_*`` come from that pass, and so do the truncated importance weights
+    of ``rollout_is`` (``algorithm.rollout_is`` and its cap) when the batch has none. With
+    ``trim``, micro-batches run without the padding no row of them uses. Returns averaged
+    ``actor/*`` metrics.
     """
     if "old_log_probs" not in batch and (cfg.ppo_epochs > 1 or mini_batch_size < len(batch)):
         raise ValueError(
@@ -109,7 +112,7 @@ def update_policy(
         optimizer,
         batch,
         lambda micro, weights: _micro_step(
-            family, model, micro, cfg, loss_fn, temperature, trim, weights
+            family, model, micro, cfg, loss_fn, temperature, trim, weights, rollout_is
         ),
         epochs=cfg.ppo_epochs,
         mini_batch_size=mini_batch_size,
@@ -125,7 +128,7 @@ def update_policy(
     return metrics
 
 
-def _micro_step(family, model, micro, cfg, loss_fn, temperature, trim, weights) -> dict:
+def _micro_step(family, model, micro, cfg, loss_fn, temperature, trim, weights, rollout_is) -> dict:
     """One micro-batch's backward; ``weights``: (policy-loss weight, weight of the other
     terms, token-mean weight), each the micro-batch's share of the mini-batch under its
     aggregation. Each metric names the weight its mean over micro-batches takes."""
@@ -140,6 +143,11 @@ def _micro_step(family, model, micro, cfg, loss_fn, temperature, trim, weights) 
     else:  # on-policy: this forward pass is the sampling policy's (see update_policy)
         old_log_prob = log_prob.detach()
         out = {k: (v, 2) for k, v in logprob_diff(micro, old_log_prob).items()}
+        if rollout_is and "rollout_log_probs" in micro:
+            micro["rollout_is_weights"], is_metrics = algos.rollout_is_weights(
+                old_log_prob, micro["rollout_log_probs"], mask, *rollout_is
+            )
+            out.update({k: (v, 2) for k, v in is_metrics.items()})
     advantages = micro["advantages"]
     if "rollout_is_weights" in micro:  # weights > 0, so this scales each token's clipped loss term
         advantages = advantages * micro["rollout_is_weights"]

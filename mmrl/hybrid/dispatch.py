@@ -125,9 +125,18 @@ def merge_meta(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def metric_reduction(key: str) -> Callable[[Any], Any]:
+    """How a metric combines over micro-batches, optimizer steps and ranks: the maximum of a
+    ``*_max`` or ``*/max`` one, the minimum of a ``*_min`` or ``*/min`` one, else the mean."""
+    if key.endswith(("_max", "/max")):
+        return np.max
+    if key.endswith(("_min", "/min")):
+        return np.min
+    return np.mean
+
+
 def average_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """Mean over ranks of each metric (the maximum of a ``*_max`` one); a metric missing on
-    some ranks averages the others."""
+    """Each metric over ranks (:func:`metric_reduction`); a metric missing on some ranks
+    combines the others."""
     keys = dict.fromkeys(k for metrics in per_rank for k in metrics)
-    merge = {k: np.max if k.endswith("_max") else np.mean for k in keys}
-    return {k: float(merge[k]([m[k] for m in per_rank if k in m])) for k in keys}
+    return {k: float(metric_reduction(k)([m[k] for m in per_rank if k in m])) for k in keys}

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mmrl.hybrid.dispatch import metric_reduction
 from mmrl.protocol import Batch
 
 # (micro-batch, its weight under each of the loss's aggregation modes) -> its metrics, each a
@@ -48,9 +49,10 @@ def ppo_minibatches(
     A micro-batch's metrics are weighted as its loss is, by the first mode's weight unless
     ``micro_step`` names another (``{name: (value, mode index)}``), so a mini-batch's metric
     is the whole mini-batch's value however it is cut into micro-batches and ranks; a
-    ``*_max`` one is the maximum. Returns their mean over optimizer steps (averaged over ranks
-    by the worker group), plus ``<prefix>/grad_norm`` (mean over steps) and
-    ``<prefix>/skipped_steps`` (how many steps were skipped).
+    ``*_max`` one is the maximum and a ``*_min`` one the minimum (``metric_reduction``).
+    Returns their mean over optimizer steps (combined over ranks by the worker group), plus
+    ``<prefix>/grad_norm`` (mean over steps) and ``<prefix>/skipped_steps`` (how many steps
+    were skipped).
     """
     metrics: dict[str, list[float]] = defaultdict(list)
     skipped = 0
@@ -66,8 +68,9 @@ def ppo_minibatches(
             for micro, weights in zip(micros, zip(*per_mode, strict=True), strict=True):
                 for key, value in micro_step(micro, weights).items():
                     value, mode = value if isinstance(value, tuple) else (value, 0)
-                    if key.endswith("_max"):
-                        step[key] = max(step.get(key, -np.inf), value)
+                    reduce = metric_reduction(key)
+                    if reduce is not np.mean:  # an extreme over the micro-batches
+                        step[key] = reduce([step.get(key, value), value])
                     else:
                         step[key] += value * weights[mode]
             for key, value in step.items():
@@ -79,7 +82,7 @@ def ppo_minibatches(
                 optimizer.zero_grad(set_to_none=True)
                 skipped += 1
             metrics[f"{prefix}/grad_norm"].append(float(grad_norm))
-    out = {k: float(np.max(v) if k.endswith("_max") else np.mean(v)) for k, v in metrics.items()}
+    out = {k: float(metric_reduction(k)(v)) for k, v in metrics.items()}
     out[f"{prefix}/skipped_steps"] = float(skipped)
     return out
 

@@ -153,8 +153,9 @@ def make_experience(
             batch["old_log_probs"] = worker.compute_log_prob(batch)
     elif source == "rollout":
         batch["old_log_probs"] = batch["rollout_log_probs"]
-    # else (on-policy) the update's own forward pass gives them, and logs the rollout gap
-    if algo.rollout_is:
+    # else (on-policy) the update's own forward pass gives them, logs the rollout gap and
+    # weighs by rollout_is from there
+    if algo.rollout_is and "old_log_probs" in batch:
         batch["rollout_is_weights"], is_metrics = algos.rollout_is_weights(
             batch["old_log_probs"],
             batch["rollout_log_probs"],
