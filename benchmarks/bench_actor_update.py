@@ -10,7 +10,9 @@ Every setting runs in this process on the same batch, in alternation, ``--repeat
 times; the table gives the median time and its ratio to the first setting. Settings:
 
 - ``padded``: ``model.trim_padding=false`` (every row at 16 + 32 tokens);
-- ``trimmed``: the default (each micro-batch at its own longest prompt and response);
+- ``trimmed``: each micro-batch at its own longest prompt and response
+  (``model.remove_padding=false``);
+- ``packed``: the default, rows packed end to end without padding (``model.remove_padding``);
 - ``dynamic N``: ``actor.use_dynamic_bsz=true``, ``ppo_max_token_len_per_gpu=N``
   (``--max-tokens``);
 - ``fsdp``: the one-rank FSDP2 wrapper the worker uses, against the plain module;
@@ -96,15 +98,18 @@ def main() -> None:
     settings = {
         "padded": (False, actor, "plain", None),
         "trimmed": (True, actor, "plain", None),
+        "packed": ("pack", actor, "plain", None),
         **{f"dynamic {b}": (True, cfg, "plain", None) for b, cfg in dynamic.items()},
         "fsdp padded": (False, actor, "fsdp", None),
         "fsdp trimmed": (True, actor, "fsdp", None),
+        "fsdp packed": ("pack", actor, "fsdp", None),
     }
     if args.bf16:
         settings["fsdp bf16 trimmed"] = (True, actor, "fsdp", "bf16")
         settings["autocast bf16 trimmed"] = (True, actor, "plain", "autocast")
         budget = args.max_tokens[0]
         settings[f"fsdp bf16 dynamic {budget}"] = (True, dynamic[budget], "fsdp", "bf16")
+        settings["fsdp bf16 packed"] = ("pack", actor, "fsdp", "bf16")
     if args.profile and args.profile not in settings:
         parser.error(f"--profile {args.profile!r}: expected one of {sorted(settings)}")
     models = {}
@@ -133,7 +138,8 @@ def main() -> None:
                 mini_batch_size=ROWS,
                 temperature=1.0,
                 seed=0,
-                trim=trim,
+                trim=bool(trim),
+                pack=trim == "pack",
             )
         return time.perf_counter() - start
 

@@ -34,6 +34,7 @@ import torch
 
 from benchmarks.results import write_results
 from mmrl.config import load_config
+from mmrl.hybrid import fsdp
 from mmrl.tasks import get_task
 from mmrl.tasks.text_addition import build_char_tokenizer
 from mmrl.trainer.fit import fit
@@ -162,6 +163,9 @@ def run_mmrl(model_dir: Path, steps: int, engine: str, overrides: list[str]) -> 
         )
         history = fit(cfg).history
     return {
+        # What trainer.mixed_precision=auto resolved to on this CPU (bf16 where it has bf16
+        # instructions).
+        "precision": fsdp.resolve_precision(cfg.trainer.mixed_precision, "cpu"),
         "step_times_s": [row["timing_s/step"] for row in history],
         "stages_s": {
             s: statistics.median(row.get(f"timing_s/{s}", 0.0) for row in history) for s in STAGES
@@ -254,7 +258,8 @@ def main() -> None:
                     f"{result['response_length_mean']:.1f} tokens, "
                     f"peak RSS {result['peak_rss_gib']:.2f} GiB"
                     + (
-                        f", stages {fmt_stages(result['stages_s'])}, logprob_diff_max "
+                        f", {result['precision']}, stages {fmt_stages(result['stages_s'])}, "
+                        "logprob_diff_max "
                         f"{result['logprob_diff_max']:.2e}"
                         if "stages_s" in result
                         else ""

@@ -274,7 +274,10 @@ def test_without_kl_in_reward_rewards_are_the_scores(rig):
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_rollout_is_weights_are_the_capped_ratio(rig, level):
-    batch = collect(rig, algorithm__rollout_is=level, algorithm__rollout_is_cap=1.5)
+    # With recomputed old log-probs the experience stage weighs; on-policy the update's own
+    # forward pass does, with the same weights (tests/test_step_exactness.py).
+    recompute = {"actor_rollout_ref__actor__old_log_prob": "recompute"}
+    batch = collect(rig, algorithm__rollout_is=level, algorithm__rollout_is_cap=1.5, **recompute)
     mask = batch["response_mask"].bool()
     gap = (batch["old_log_probs"] - batch["rollout_log_probs"]).double() * mask
     if level == "sequence":
@@ -283,7 +286,7 @@ def test_rollout_is_weights_are_the_capped_ratio(rig, level):
     torch.testing.assert_close(batch["rollout_is_weights"], want, atol=1e-6, rtol=1e-6)
     # The actor multiplies them into the advantages: tests/test_actor_effects.py, with
     # weights far from 1 (here, on the trainer's own numerics, they are about 1).
-    assert "rollout_is_weights" not in collect(rig, algorithm__rollout_is=None)
+    assert "rollout_is_weights" not in collect(rig, algorithm__rollout_is=None, **recompute)
 
 
 def test_overlong_reward_zero_clears_only_cut_responses(rig):

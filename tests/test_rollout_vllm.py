@@ -22,7 +22,7 @@ from mmrl.protocol import Batch
 from mmrl.rollout.module import ModuleRollout
 from mmrl.sampling import SamplingParams
 from mmrl.trainer.fit import fit
-from tests.conftest import run_overrides
+from tests.conftest import assert_rollout_matches_actor, run_overrides
 
 TEXT_LM = get_family("text_lm")
 
@@ -181,7 +181,10 @@ def test_grpo_with_vllm_rollout_learns(tmp_path, warm_model_dir):
     val = result.series("val/score/mean")
     assert len(val) == 3
     assert np.mean(val[-2:]) > val[0] + 0.05, f"held-out score did not rise: {val}"
-    assert max(result.series("rollout/logprob_diff_max")) < 1e-3
+    # A bf16 vLLM engine also rounds its logits to bf16 before the log-softmax: measured mean
+    # gap 0.008-0.02 per step here (largest token 0.38), against 2e-3 for the transformers
+    # engine.
+    assert_rollout_matches_actor(result.series, cfg.trainer.mixed_precision, bf16_mean_gap=0.05)
     assert len(result.series("timing_s/update_weights")) == 20
     assert min(result.series("perf/rollout_tokens_per_s")) > 0
 

@@ -23,6 +23,7 @@ from mmrl.errors import ConfigError
 from mmrl.hybrid.actor import compute_log_probs, update_policy
 from mmrl.hybrid.minibatch import token_budget_groups
 from mmrl.models import get_family
+from mmrl.models.packing import pack_rows
 from mmrl.models.padding import trim_padding
 from mmrl.protocol import Batch
 
@@ -103,6 +104,37 @@ def test_trimmed_micro_batches_give_the_padded_log_probs(model, batch):
     assert (trimmed[:MICRO, 6:] == 0).all() and (trimmed[MICRO:, 4:] == 0).all()
 
 
+def test_packed_rows_hold_each_row_end_to_end_with_positions_from_zero(batch):
+    packed = pack_rows(batch)
+    lengths = [p + r for p, r in zip(PROMPT_LENGTHS, RESPONSE_LENGTHS, strict=True)]
+    width = max(lengths)
+    # Rows of 9, 8, 7, 5, 5 and 3 tokens, first fit into bins of 9: [9], [8], [7], [5, 3], [5].
+    assert packed.input_ids.shape == (5, width)
+    assert packed.steps.sum() == sum(RESPONSE_LENGTHS) == len(packed.score_index)
+    flat_ids, flat_pos = packed.input_ids.flatten(), packed.position_ids.flatten()
+    mask = batch["attention_mask"].bool()
+    for row, (p, r) in enumerate(zip(PROMPT_LENGTHS, RESPONSE_LENGTHS, strict=True)):
+        # The token before each response step is the one that scores it.
+        first = int(packed.score_index[sum(RESPONSE_LENGTHS[:row])]) - (p - 1)
+        assert torch.equal(flat_ids[first : first + p + r], batch["input_ids"][row][mask[row]])
+        assert torch.equal(flat_pos[first : first + p + r], torch.arange(p + r))
+    # 3-D rope positions, or positions that do not start at 0, are not packed.
+    offset = batch.clone()
+    offset["position_ids"] = offset["position_ids"] + 1
+    assert pack_rows(offset) is None
+
+
+def test_packed_micro_batches_give_the_padded_log_probs(model, batch):
+    padded = compute_log_probs(TEXT_LM, model, batch, MICRO, temperature=0.7, trim=False)
+    mask = batch["response_mask"].bool()
+    for max_tokens in (None, 24):
+        packed = compute_log_probs(
+            TEXT_LM, model, batch, MICRO, 0.7, trim=True, max_tokens=max_tokens, pack=True
+        )
+        torch.testing.assert_close(packed[mask], padded[mask], atol=1e-5, rtol=0)
+        assert (packed[~mask] == 0).all()
+
+
 def test_the_head_on_response_positions_gives_the_full_logits_log_probs(model, batch):
     """``logits_to_keep``: the family's log-probs equal those of every position's logits."""
     with torch.no_grad():
@@ -124,6 +156,7 @@ def step_grads(
     family=TEXT_LM,
     temperature: float = 0.7,
     rollout_is: tuple[str, float] | None = None,
+    pack: bool = False,
     **actor: object,
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """Minus the weight change of one SGD step with lr 1 (the gradient applied), and the
@@ -143,6 +176,7 @@ def step_grads(
         seed=0,
         trim=trim,
         rollout_is=rollout_is,
+        pack=pack,
     )
     return {n: before[n] - p.detach() for n, p in model.named_parameters()}, metrics
 
@@ -161,6 +195,9 @@ def test_trimmed_update_applies_the_padded_gradient(model, batch):
     trimmed, trimmed_metrics = step_grads(model, with_old, trim=True)
     assert_same_grads(trimmed, padded)
     assert trimmed_metrics["actor/entropy"] == pytest.approx(padded_metrics["actor/entropy"])
+    packed, packed_metrics = step_grads(model, with_old, trim=True, pack=True)
+    assert_same_grads(packed, padded)
+    assert packed_metrics["actor/entropy"] == pytest.approx(padded_metrics["actor/entropy"])
     for mode in ("token-mean", "seq-mean-token-sum-norm"):
         want, _ = step_grads(model, with_old, trim=False, loss_agg_mode=mode)
         by_tokens, _ = step_grads(

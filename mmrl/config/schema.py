@@ -77,6 +77,11 @@ class ModelConfig:
     """Run each micro-batch of log-probs and updates at its own longest prompt and response,
     not at max_prompt_length + max_response_length (exact: the dropped columns are padding in
     every row; docs/scaling.md)."""
+    remove_padding: bool = True
+    """With trim_padding, a text LM runs each micro-batch's rows end to end in bins of its
+    longest row, without padding (verl's use_remove_padding; exact: each token attends to its
+    own sequence only, and the head runs on response positions alone; docs/scaling.md).
+    Families that cannot pack (VLMs, latent policies) trim columns instead."""
 
 
 @dataclass
@@ -126,7 +131,7 @@ class ActorConfig:
     old_log_prob: str = one_of("auto", OLD_LOG_PROB_SOURCES)
     """Where old_log_probs come from: recompute (a forward pass before the update), update (the
     update's own forward pass, detached; exact only on-policy: ppo_epochs=1, one mini-batch,
-    no algorithm.use_kl_in_reward or rollout_is), rollout (the engine's own log-probs; check
+    no algorithm.use_kl_in_reward), rollout (the engine's own log-probs; check
     rollout/logprob_diff_max first), or auto (update where exact, else recompute)."""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     """The policy loss and its own settings."""
@@ -182,7 +187,8 @@ class RolloutConfig:
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     """Sampling during validation."""
     dtype: str = one_of("auto", ("auto", *DTYPE_NAMES))
-    """vLLM: the engine's dtype; auto is the actor's. bfloat16 is faster (docs/benchmarks.md)."""
+    """vLLM: the engine's dtype; auto is the dtype the actor computes in (bfloat16 under
+    trainer.mixed_precision=bf16, which auto picks where the CPU or GPU has bf16 instructions)."""
     kv_cache_memory_gib: float | None = ranged(1.0, gt=0)
     """vLLM: KV cache size; null sizes it by gpu_memory_utilization."""
     gpu_memory_utilization: float = ranged(0.5, gt=0, le=1)
@@ -291,7 +297,7 @@ class AlgorithmConfig:
     """The coefficient of the KL in the reward."""
     rollout_is: str | None = one_of(None, (None, "token", "sequence"))
     """Truncated importance sampling from the rollout engine's distribution to the trainer's
-    (bf16 vLLM vs fp32 FSDP): null (off), token or sequence."""
+    (a bf16 engine, or another kernel, against the actor): null (off), token or sequence."""
     rollout_is_cap: float = ranged(2.0, ge=1)
     """Importance weights are capped at this."""
 
@@ -350,7 +356,8 @@ class TrainerConfig:
     device: str = one_of("auto", ("auto", "cpu", "cuda"))
     """auto picks cuda when a GPU is visible."""
     mixed_precision: str = one_of("auto", ("auto", "bf16", "fp32"))
-    """auto: bf16 compute on GPU, fp32 on CPU."""
+    """auto: bf16 compute (fp32 parameters, optimizer state and gradient reduction) on a GPU
+    and on a CPU with bf16 instructions (AVX512-BF16 or AMX), else fp32 (docs/scaling.md)."""
     dist_timeout_s: float = ranged(90.0, gt=0)
     """A collective waiting longer than this fails (a dead rank is an error, not a hang)."""
     max_invalid_rate: float | None = ranged(0.99, ge=0, le=1)

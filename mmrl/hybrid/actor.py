@@ -28,6 +28,7 @@ def compute_log_probs(
     temperature: float,
     trim: bool = True,
     max_tokens: int | None = None,
+    pack: bool = False,
 ) -> torch.Tensor:
     """Log-probs [B, T] of the responses, computed in micro-batches without gradients; with
     ``trim``, each micro-batch runs without the padding no row of it uses (zeros there). With
@@ -44,7 +45,7 @@ def compute_log_probs(
         groups = token_budget_groups(batch, max_tokens)
     log_probs = None
     for rows in groups:
-        part = response_log_probs(family, model, batch[rows], temperature, trim)[0]
+        part = response_log_probs(family, model, batch[rows], temperature, trim, pack=pack)[0]
         if log_probs is None:
             log_probs = part.new_zeros(len(batch), *part.shape[1:])
         log_probs[torch.from_numpy(rows)] = part
@@ -60,14 +61,23 @@ def response_log_probs(
     trim: bool,
     with_entropy: bool = False,
     entropy_grad: bool = True,
+    pack: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The family's log-probs (and entropies) [b, T]; with ``trim`` the forward pass runs
     without the padding no row uses, and the steps it skipped come back as zeros, so the loss
-    sees the batch's own shape (Dr.GRPO's ``seq-mean-token-sum-norm`` divides by T)."""
+    sees the batch's own shape (Dr.GRPO's ``seq-mean-token-sum-norm`` divides by T). With
+    ``pack`` as well, a family that packs rows runs them end to end without any padding
+    (:mod:`mmrl.models.packing`)."""
     if not trim:
         return family.response_log_probs(model, batch, temperature, with_entropy, entropy_grad)
-    log_probs, entropy = family.response_log_probs(
-        model, family.trim_padding(batch), temperature, with_entropy, entropy_grad
+    batch_trimmed = family.trim_padding(batch)
+    packed = None
+    if pack and family.packs_rows:
+        packed = family.packed_response_log_probs(
+            model, batch_trimmed, temperature, with_entropy, entropy_grad
+        )
+    log_probs, entropy = packed or family.response_log_probs(
+        model, batch_trimmed, temperature, with_entropy, entropy_grad
     )
     steps = batch["responses"].shape[1] if "responses" in batch else log_probs.shape[1]
     return pad_steps(log_probs, steps), None if entropy is None else pad_steps(entropy, steps)
@@ -84,6 +94,7 @@ def update_policy(
     seed: int,
     trim: bool = True,
     rollout_is: tuple[str, float] | None = None,
+    pack: bool = False,
 ) -> dict[str, float]:
     """PPO epochs over shuffled mini-batches, accumulating gradients over micro-batches.
 
@@ -112,7 +123,7 @@ def update_policy(
         optimizer,
         batch,
         lambda micro, weights: _micro_step(
-            family, model, micro, cfg, loss_fn, temperature, trim, weights, rollout_is
+            family, model, micro, cfg, loss_fn, temperature, trim, pack, weights, rollout_is
         ),
         epochs=cfg.ppo_epochs,
         mini_batch_size=mini_batch_size,
@@ -128,14 +139,16 @@ def update_policy(
     return metrics
 
 
-def _micro_step(family, model, micro, cfg, loss_fn, temperature, trim, weights, rollout_is) -> dict:
+def _micro_step(
+    family, model, micro, cfg, loss_fn, temperature, trim, pack, weights, rollout_is
+) -> dict:
     """One micro-batch's backward; ``weights``: (policy-loss weight, weight of the other
     terms, token-mean weight), each the micro-batch's share of the mini-batch under its
     aggregation. Each metric names the weight its mean over micro-batches takes."""
     mask, valid = micro["response_mask"], micro["valid_mask"]
     # Without an entropy bonus the entropy is only logged: no graph is kept for it.
     log_prob, entropy = response_log_probs(
-        family, model, micro, temperature, trim, True, entropy_grad=cfg.entropy_coeff != 0
+        family, model, micro, temperature, trim, True, cfg.entropy_coeff != 0, pack
     )
     out = {}
     if "old_log_probs" in micro:

@@ -87,18 +87,35 @@ def data_parallel_mesh() -> DeviceMesh:
     return init_device_mesh(device().type, (dist.get_world_size(),))
 
 
-def mixed_precision_policy(name: str, device_type: str) -> MixedPrecisionPolicy | None:
-    """``trainer.mixed_precision``: ``auto`` is bf16 compute on GPU and fp32 on CPU.
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX tiles). Without
+    them a bf16 matmul is emulated and about 15x slower than fp32 (docs/scaling.md)."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
-    Parameters and optimizer state stay fp32; gradients are reduced in fp32.
-    """
+
+def resolve_precision(name: str, device_type: str, bf16_ok: bool = True) -> str:
+    """``trainer.mixed_precision`` as the run uses it: ``auto`` is bf16 on a GPU and on a CPU
+    with bf16 instructions (:func:`cpu_has_bf16`) for a model that tolerates it (``bf16_ok``,
+    the policy family's ``auto_bf16``), else fp32."""
     if name == "auto":
-        name = "bf16" if device_type == "cuda" else "fp32"
+        hardware = device_type == "cuda" or cpu_has_bf16()
+        name = "bf16" if bf16_ok and hardware else "fp32"
     if name not in MIXED_PRECISION:
         raise ValueError(
             f"trainer.mixed_precision={name!r}; expected one of {['auto', *MIXED_PRECISION]}"
         )
-    dtype = MIXED_PRECISION[name]
+    return name
+
+
+def mixed_precision_policy(
+    name: str, device_type: str, bf16_ok: bool = True
+) -> MixedPrecisionPolicy | None:
+    """FSDP2's policy for ``trainer.mixed_precision`` (:func:`resolve_precision`).
+
+    Parameters and optimizer state stay fp32; gradients are reduced in fp32.
+    """
+    dtype = MIXED_PRECISION[resolve_precision(name, device_type, bf16_ok)]
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else None
 
 

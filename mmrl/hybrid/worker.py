@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from mmrl.config import RunConfig
+from mmrl.config import RolloutConfig, RunConfig
 from mmrl.hybrid import actor as actor_fns
 from mmrl.hybrid import critic as critic_fns
 from mmrl.hybrid import fsdp
@@ -32,6 +33,7 @@ from mmrl.protocol import Batch
 from mmrl.rollout import get_rollout
 from mmrl.sampling import SamplingParams
 
+log = logging.getLogger(__name__)
 # Rank r samples with seed + r * RANK_SEED_STRIDE: ranks draw independent noise, and
 # rank 0 keeps the configured seed, so one worker reproduces the embedded run. Token engines
 # prefer the rows' own seeds (sample_seeds), which make a response independent of its rank.
@@ -55,6 +57,14 @@ def warmup(steps: int) -> Callable[[int], float]:
     return lambda step: min(1.0, (step + 1) / steps) if steps else 1.0
 
 
+def rollout_config(cfg: RolloutConfig, precision: str) -> RolloutConfig:
+    """``rollout.dtype=auto`` is the dtype the actor computes in: bfloat16 under the bf16
+    mixed-precision policy (its parameters stay fp32), else the parameters' own."""
+    if cfg.dtype == "auto" and precision == "bf16":
+        return dataclasses.replace(cfg, dtype="bfloat16")
+    return cfg
+
+
 class ActorRolloutRefWorker:
     """The trainable actor (FSDP2), its sharded optimizer, a frozen reference and the rollout
     engine.
@@ -65,10 +75,19 @@ class ActorRolloutRefWorker:
         arr = cfg.actor_rollout_ref
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = fsdp.device()
-        mp_policy = fsdp.mixed_precision_policy(cfg.trainer.mixed_precision, self.device.type)
         self.model_path = Path(model_path)
         # Chosen once from the checkpoint's files; everything kind-specific goes through it.
         self.family = policy_family(model_path)
+        self.precision = fsdp.resolve_precision(
+            cfg.trainer.mixed_precision, self.device.type, self.family.auto_bf16
+        )
+        mp_policy = fsdp.mixed_precision_policy(self.precision, self.device.type)
+        if self.rank == 0:
+            log.info(
+                "the actor computes in %s (trainer.mixed_precision=%s)",
+                self.precision,
+                cfg.trainer.mixed_precision,
+            )
         model = self.family.load(self.model_path, arr.model.dtype).to(self.device)
         self.tokenizer = self.family.load_tokenizer(self.model_path)
         ref = copy.deepcopy(model).eval().requires_grad_(False) if need_ref else None
@@ -95,7 +114,7 @@ class ActorRolloutRefWorker:
             family=self.family,
             tokenizer=self.tokenizer,
             model_path=str(model_path),
-            cfg=arr.rollout,
+            cfg=rollout_config(arr.rollout, self.precision),
             max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
         )
         # An engine that keeps the actor's own module (transformers) generates with it
@@ -126,6 +145,7 @@ class ActorRolloutRefWorker:
             rollout.temperature,
             trim=self.cfg.actor_rollout_ref.model.trim_padding,
             max_tokens=self._log_prob_max_tokens(),
+            pack=self.cfg.actor_rollout_ref.model.remove_padding,
         ).cpu()
 
     @register(Dispatch.DP_COMPUTE)
@@ -142,6 +162,7 @@ class ActorRolloutRefWorker:
             arr.rollout.temperature,
             trim=arr.model.trim_padding,
             max_tokens=self._log_prob_max_tokens(),
+            pack=arr.model.remove_padding,
         ).cpu()
 
     def _log_prob_max_tokens(self) -> int | None:
@@ -154,7 +175,7 @@ class ActorRolloutRefWorker:
         """One PPO update on this rank's share of the batch, then the new weights go into the
         rollout engine.
         """
-        arr = self.cfg.actor_rollout_ref
+        arr, algo = self.cfg.actor_rollout_ref, self.cfg.algorithm
         metrics = actor_fns.update_policy(
             self.family,
             self.model,
@@ -165,6 +186,8 @@ class ActorRolloutRefWorker:
             temperature=arr.rollout.temperature,
             seed=seed,
             trim=arr.model.trim_padding,
+            pack=arr.model.remove_padding,
+            rollout_is=(algo.rollout_is, algo.rollout_is_cap) if algo.rollout_is else None,
         )
         self.lr_schedule.step()  # once per RL step, as verl's warm-up counts
         start = time.perf_counter()
@@ -256,8 +279,10 @@ class CriticWorker:
     def __init__(self, cfg: RunConfig, model_path: str | Path) -> None:
         self.cfg = cfg.critic
         self.device = fsdp.device()
-        mp_policy = fsdp.mixed_precision_policy(cfg.trainer.mixed_precision, self.device.type)
         self.family = policy_family(model_path)
+        mp_policy = fsdp.mixed_precision_policy(
+            cfg.trainer.mixed_precision, self.device.type, self.family.auto_bf16
+        )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.trainer.seed)  # every rank draws the same fresh value head
             model = self.family.load_critic(Path(model_path)).to(self.device)

@@ -60,10 +60,14 @@ class PolicyFamily:
     ``name`` is the registry name; ``has_critic`` says whether :meth:`load_critic` can
     build a value model for GAE; ``vllm_servable`` whether :meth:`vllm_serving` can serve
     the kind, and ``module_rollout`` the engine that samples it on its own module instead.
+    ``auto_bf16`` says whether ``trainer.mixed_precision=auto`` may compute it in bf16, and
+    ``packs_rows`` whether :meth:`packed_response_log_probs` can run its rows without padding.
     """
 
     name: ClassVar[str]
     has_critic: ClassVar[bool] = False
+    auto_bf16: ClassVar[bool] = True
+    packs_rows: ClassVar[bool] = False
     vllm_servable: ClassVar[bool] = False
     module_rollout: ClassVar[str] = "hf"
 
@@ -103,6 +107,19 @@ class PolicyFamily:
         ``model``, for the distribution the rollout sampled from at ``temperature``.
         ``entropy_grad=False``: the entropies may be detached (nothing differentiates them)."""
         raise NotImplementedError
+
+    def packed_response_log_probs(
+        self,
+        model: nn.Module,
+        batch: Batch,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """:meth:`response_log_probs` with the rows packed end to end, without padding
+        (``actor_rollout_ref.model.remove_padding``); ``None`` where this batch cannot be
+        packed. Only a family with ``packs_rows`` is asked."""
+        return None
 
     def trim_padding(self, batch: Batch) -> Batch:
         """``batch`` without the padding steps no row uses (:mod:`mmrl.models.padding`), whose

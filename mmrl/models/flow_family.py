@@ -62,6 +62,7 @@ class FlowLatentFamily(PolicyFamily):
     """
 
     module_rollout = "latent"
+    auto_bf16 = False  # Gaussian step densities, as the latent family's
 
     def detect(self, path: Path) -> bool:
         return (path / CONFIG_FILE).is_file()

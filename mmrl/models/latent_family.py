@@ -39,6 +39,10 @@ class LatentFamily(PolicyFamily):
     (all False) and extends ``attention_mask`` (and ``position_ids``) to [B, K + F].
     """
 
+    # Its log-probs are Gaussian densities of continuous steps: bf16's 8-bit mantissa moves a
+    # mean by more than the small stds resolve, so auto keeps fp32.
+    auto_bf16 = False
+
     module_rollout = "latent"
 
     def detect(self, path: Path) -> bool:

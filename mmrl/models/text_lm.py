@@ -19,6 +19,7 @@ from transformers import (
 
 from mmrl import algos
 from mmrl.models.family import PolicyFamily, VLLMServing, register_family, torch_dtype
+from mmrl.models.packing import head_on_positions, pack_rows
 from mmrl.models.padding import trim_padding
 from mmrl.models.responses import finish_rollout, generated_responses
 from mmrl.models.row_sampling import seeded_sampling_processors
@@ -47,6 +48,7 @@ class TextLMFamily(PolicyFamily):
 
     has_critic = True
     vllm_servable = True
+    packs_rows = True
     auto_class: Any = AutoModelForCausalLM
 
     def detect(self, path: Path) -> bool:
@@ -87,6 +89,32 @@ class TextLMFamily(PolicyFamily):
         ).logits
         logits = logits[:, :-1].float() / temperature
         return response_scores(logits, batch, with_entropy, entropy_grad)
+
+    def packed_response_log_probs(
+        self,
+        model: nn.Module,
+        batch: Batch,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        packed = pack_rows(batch)
+        if packed is None:
+            return None
+        with head_on_positions(model.get_output_embeddings(), packed.score_index):
+            logits = model(
+                input_ids=packed.input_ids.to(batch["input_ids"].device),
+                position_ids=packed.position_ids.to(batch["input_ids"].device),
+                use_cache=False,
+            ).logits[0]
+        steps = packed.steps.to(logits.device)
+        dense = logits.new_zeros(*steps.shape, logits.shape[-1], dtype=torch.float32)
+        dense[steps] = logits.float() / temperature
+        log_probs, entropy = response_scores(dense, batch, with_entropy, entropy_grad)
+        # Steps without a token were never computed: zeros, as trimmed steps are.
+        zero = torch.zeros((), device=log_probs.device)
+        log_probs = torch.where(steps, log_probs, zero)
+        return log_probs, None if entropy is None else torch.where(steps, entropy, zero)
 
     def trim_padding(self, batch: Batch) -> Batch:
         return trim_padding(batch)

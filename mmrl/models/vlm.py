@@ -201,6 +201,7 @@ class VLMFamily(TextLMFamily):
     """
 
     auto_class = AutoModelForImageTextToText
+    packs_rows = False  # rows carry their images' tokens and 3-D rope positions
     # transformers has no token-classification head for these configs: no critic (GAE).
     has_critic = False
     load_critic = PolicyFamily.load_critic
