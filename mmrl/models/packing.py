@@ -59,27 +59,30 @@ def pack_rows(batch: Batch, pad_token_id: int = 0) -> PackedRows | None:
     counted = mask.long().cumsum(-1) - 1
     if not torch.equal(positions[mask], counted[mask]):
         return None
-    lengths = mask.sum(-1)
-    width = int(lengths.max())
-    bins = first_fit_bins(lengths.tolist(), width)
-    input_ids = torch.full((len(bins), width), pad_token_id, dtype=batch["input_ids"].dtype)
+    device = mask.device
+    lengths = mask.sum(-1).tolist()
+    width = max(lengths)
+    bins = first_fit_bins(lengths, width)
+    tokens = batch["input_ids"]
+    input_ids = torch.full((len(bins), width), pad_token_id, dtype=tokens.dtype, device=device)
     # Each bin's unfilled tail counts from 0 too: a sequence of its own, attended by nothing.
-    position_ids = torch.arange(width).repeat(len(bins), 1)
-    row_start = torch.zeros(len(lengths), dtype=torch.long)
+    position_ids = torch.arange(width, device=device).repeat(len(bins), 1)
+    row_start = [0] * len(lengths)
     for b, rows in enumerate(bins):
         offset = 0
         for row in rows:
-            length = int(lengths[row])
-            input_ids[b, offset : offset + length] = batch["input_ids"][row][mask[row]]
-            position_ids[b, offset : offset + length] = torch.arange(length)
+            end = offset + lengths[row]
+            input_ids[b, offset:end] = tokens[row][mask[row]]
+            position_ids[b, offset:end] = torch.arange(lengths[row], device=device)
             row_start[row] = b * width + offset
-            offset += length
-        position_ids[b, offset:] = torch.arange(width - offset)
+            offset = end
+        position_ids[b, offset:] = torch.arange(width - offset, device=device)
     steps_width = batch["responses"].shape[1]
     prompt_lengths = mask[:, : mask.shape[1] - steps_width].sum(-1)
     steps = mask[:, -steps_width:]
     # The logit at a token predicts the next one: step t is scored at the token before it.
-    index = row_start[:, None] + prompt_lengths[:, None] + torch.arange(steps_width) - 1
+    start = torch.tensor(row_start, device=device) + prompt_lengths - 1
+    index = start[:, None] + torch.arange(steps_width, device=device)
     return PackedRows(input_ids, position_ids, index[steps], steps)
 
 
