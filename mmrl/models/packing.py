@@ -93,7 +93,7 @@ def head_on_positions(head: nn.Module, index: torch.Tensor) -> Iterator[None]:
 
     def gather(_module: nn.Module, args: tuple) -> tuple:
         hidden = args[0]
-        return (hidden.reshape(1, -1, hidden.shape[-1])[:, index.to(hidden.device)], *args[1:])
+        return (hidden.reshape(1, -1, hidden.shape[-1])[:, index], *args[1:])
 
     handle = head.register_forward_pre_hook(gather)
     try:

@@ -103,13 +103,11 @@ class TextLMFamily(PolicyFamily):
             return None
         with head_on_positions(model.get_output_embeddings(), packed.score_index):
             logits = model(
-                input_ids=packed.input_ids.to(batch["input_ids"].device),
-                position_ids=packed.position_ids.to(batch["input_ids"].device),
-                use_cache=False,
+                input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False
             ).logits[0]
-        steps = packed.steps.to(logits.device)
+        steps = packed.steps
         dense = logits.new_zeros(*steps.shape, logits.shape[-1], dtype=torch.float32)
-        dense[steps] = logits.float() / temperature
+        dense[steps] = logits.float() / temperature  # [b, T, V], as the padded path's
         log_probs, entropy = response_scores(dense, batch, with_entropy, entropy_grad)
         # Steps without a token were never computed: zeros, as trimmed steps are.
         zero = torch.zeros((), device=log_probs.device)
