@@ -75,6 +75,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--lengths", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument(
+        "--name", default=None, help="results file name (default: step_scaling_<size>_<engine>)"
+    )
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,7 +109,7 @@ def main() -> None:
         print(f"| {prompts * 8} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
     print(f"\nlog-log slope: rows {slope_rows:.2f}, length {slope_length:.2f}")
     write_results(
-        f"step_scaling_{args.size}_{args.engine}",
+        args.name or f"step_scaling_{args.size}_{args.engine}",
         rows,
         "python -m benchmarks.bench_step_scaling " + " ".join(sys.argv[1:]),
         params=params,
