@@ -47,7 +47,7 @@ def first_fit_bins(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def pack_rows(batch: Batch, pad_token_id: int = 0) -> PackedRows | None:
+def pack_rows(batch: Batch) -> PackedRows | None:
     """``batch`` (``input_ids``, ``attention_mask``, ``position_ids`` [b, P + T] with left-padded
     prompts and right-padded responses) packed into bins; ``None`` when its position ids do
     not count 0, 1, 2, ... along each row's real tokens (3-D rope positions, offsets), which
@@ -64,8 +64,9 @@ def pack_rows(batch: Batch, pad_token_id: int = 0) -> PackedRows | None:
     width = max(lengths)
     bins = first_fit_bins(lengths, width)
     tokens = batch["input_ids"]
-    input_ids = torch.full((len(bins), width), pad_token_id, dtype=tokens.dtype, device=device)
-    # Each bin's unfilled tail counts from 0 too: a sequence of its own, attended by nothing.
+    # Each bin's unfilled tail (token 0) counts from 0 too: a sequence of its own, which no
+    # real token attends to.
+    input_ids = torch.zeros((len(bins), width), dtype=tokens.dtype, device=device)
     position_ids = torch.arange(width, device=device).repeat(len(bins), 1)
     row_start = [0] * len(lengths)
     for b, rows in enumerate(bins):
