@@ -21,7 +21,10 @@ times; the table gives the median time and its ratio to the first setting. Setti
 - ``autocast bf16`` (``--bf16``): the plain module under ``torch.autocast`` (what TRL's
   ``bf16=true`` does on CPU), for comparison;
 - ``fsdp bf16 dynamic N`` (``--bf16``): the mixed-precision policy with token-budget
-  micro-batches (the first ``--max-tokens``).
+  micro-batches (the first ``--max-tokens``);
+- ``flash attention`` (``--bf16``): torch's flash attention kernel in the update
+  (``actor.math_attention_max_len=0``) instead of the math kernel every other setting runs
+  on these short rows.
 
 ``--profile SETTING`` runs one more update of that setting under ``torch.profiler`` and
 prints the operators that took the most time.
@@ -110,6 +113,8 @@ def main() -> None:
         budget = args.max_tokens[0]
         settings[f"fsdp bf16 dynamic {budget}"] = (True, dynamic[budget], "fsdp", "bf16")
         settings["fsdp bf16 packed"] = ("pack", actor, "fsdp", "bf16")
+        flash = dataclasses.replace(actor, math_attention_max_len=0)
+        settings["fsdp bf16 packed, flash attention"] = ("pack", flash, "fsdp", "bf16")
     if args.profile and args.profile not in settings:
         parser.error(f"--profile {args.profile!r}: expected one of {sorted(settings)}")
     models = {}

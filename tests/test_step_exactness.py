@@ -282,3 +282,33 @@ def test_old_log_prob_auto_skips_the_recomputation_only_where_it_is_exact():
     assert old_log_prob_source(load_config([*on_policy, "algorithm.rollout_is=token"])) == "update"
     rollout = load_config([*on_policy, "actor_rollout_ref.actor.old_log_prob=rollout"])
     assert old_log_prob_source(rollout) == "rollout"
+
+
+def attention_ops(run) -> set[str]:
+    """The scaled-dot-product attention operators ``run()`` called."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    return {e.name for e in prof.events() if "scaled_dot_product" in e.name}
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["trimmed", "packed"])
+def test_the_math_attention_kernel_applies_the_flash_kernels_gradient(model, batch, pack):
+    with_old = batch.clone()
+    with_old["old_log_probs"] = compute_log_probs(TEXT_LM, model, batch, MICRO, 0.7, trim=False)
+    grads = {}
+
+    def update(max_len: int) -> None:
+        grads[max_len], _ = step_grads(
+            model, with_old, trim=True, pack=pack, math_attention_max_len=max_len
+        )
+
+    flash_ops = attention_ops(lambda: update(0))
+    math_ops = attention_ops(lambda: update(P + T))  # rows of P + T tokens or fewer
+    assert any("flash" in op for op in flash_ops)
+    assert "aten::_scaled_dot_product_attention_math" in math_ops
+    assert not any("flash" in op for op in math_ops)
+    assert attention_ops(lambda: update(P + T - 9)) == flash_ops  # longer rows: flash again
+    assert_same_grads(grads[P + T], grads[0])
+    # Log-probs without gradients keep torch's own (flash) kernel.
+    no_grad_ops = attention_ops(lambda: compute_log_probs(TEXT_LM, model, batch, MICRO, 0.7))
+    assert not any("math" in op for op in no_grad_ops)

@@ -125,6 +125,10 @@ class ActorConfig:
     """Build micro-batches by a token budget instead of ppo_micro_batch_size rows: rows sorted
     by length, each micro-batch as many as fit ppo_max_token_len_per_gpu padded tokens (with
     model.trim_padding, a micro-batch costs about its real tokens; docs/scaling.md)."""
+    math_attention_max_len: int = ranged(128, ge=0)
+    """On CPU the update's attention runs torch's math kernel when a micro-batch's sequences
+    are at most this long: its backward is 2-3x faster there than the flash kernel's
+    (docs/scaling.md); 0: torch's own choice always."""
     ppo_max_token_len_per_gpu: int = ranged(4096, ge=1)
     """use_dynamic_bsz: padded tokens (rows x (longest prompt + longest response)) per
     micro-batch of the update and of the log-prob passes, per worker."""

@@ -7,6 +7,8 @@ which scores the response steps; the worker decides how the module is wrapped
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 import numpy as np
 import torch
 from torch import nn
@@ -15,6 +17,7 @@ from mmrl import algos
 from mmrl.config import ActorConfig
 from mmrl.hybrid.minibatch import ppo_minibatches, token_budget_groups
 from mmrl.models import PolicyFamily
+from mmrl.models.attention_kernel import training_attention
 from mmrl.models.padding import pad_steps
 from mmrl.protocol import Batch
 
@@ -62,25 +65,37 @@ def response_log_probs(
     with_entropy: bool = False,
     entropy_grad: bool = True,
     pack: bool = False,
+    math_attention_max_len: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The family's log-probs (and entropies) [b, T]; with ``trim`` the forward pass runs
     without the padding no row uses, and the steps it skipped come back as zeros, so the loss
     sees the batch's own shape (Dr.GRPO's ``seq-mean-token-sum-norm`` divides by T). With
     ``pack`` as well, a family that packs rows runs them end to end without any padding
-    (:mod:`mmrl.models.packing`)."""
-    if not trim:
-        return family.response_log_probs(model, batch, temperature, with_entropy, entropy_grad)
-    batch_trimmed = family.trim_padding(batch)
-    packed = None
-    if pack and family.packs_rows:
-        packed = family.packed_response_log_probs(
-            model, batch_trimmed, temperature, with_entropy, entropy_grad
+    (:mod:`mmrl.models.packing`). A forward pass with gradients over sequences of at most
+    ``math_attention_max_len`` tokens runs torch's math attention kernel on the CPU
+    (:func:`~mmrl.models.attention_kernel.training_attention`)."""
+    batch_in = family.trim_padding(batch) if trim else batch
+    with _attention_kernel(batch_in, math_attention_max_len):
+        packed = None
+        if pack and trim and family.packs_rows:
+            packed = family.packed_response_log_probs(
+                model, batch_in, temperature, with_entropy, entropy_grad
+            )
+        log_probs, entropy = packed or family.response_log_probs(
+            model, batch_in, temperature, with_entropy, entropy_grad
         )
-    log_probs, entropy = packed or family.response_log_probs(
-        model, batch_trimmed, temperature, with_entropy, entropy_grad
-    )
+    if not trim:
+        return log_probs, entropy
     steps = batch["responses"].shape[1] if "responses" in batch else log_probs.shape[1]
     return pad_steps(log_probs, steps), None if entropy is None else pad_steps(entropy, steps)
+
+
+def _attention_kernel(batch: Batch, math_attention_max_len: int) -> AbstractContextManager:
+    """The attention kernel for ``batch``'s forward pass (its token columns decide)."""
+    if "input_ids" not in batch:
+        return nullcontext()
+    ids = batch["input_ids"]
+    return training_attention(ids.shape[1], ids.device, math_attention_max_len)
 
 
 def update_policy(
@@ -147,8 +162,9 @@ def _micro_step(
     aggregation. Each metric names the weight its mean over micro-batches takes."""
     mask, valid = micro["response_mask"], micro["valid_mask"]
     # Without an entropy bonus the entropy is only logged: no graph is kept for it.
+    kernel_max_len = cfg.math_attention_max_len
     log_prob, entropy = response_log_probs(
-        family, model, micro, temperature, trim, True, cfg.entropy_coeff != 0, pack
+        family, model, micro, temperature, trim, True, cfg.entropy_coeff != 0, pack, kernel_max_len
     )
     out = {}
     if "old_log_probs" in micro:

@@ -18,6 +18,7 @@ from transformers import (
 )
 
 from mmrl import algos
+from mmrl.models.decode import decode_rows
 from mmrl.models.family import PolicyFamily, VLLMServing, register_family, torch_dtype
 from mmrl.models.packing import head_on_positions, pack_rows
 from mmrl.models.padding import trim_padding
@@ -49,6 +50,9 @@ class TextLMFamily(PolicyFamily):
     has_critic = True
     vllm_servable = True
     packs_rows = True
+    # The transformers engine samples with mmrl.models.decode, which drops finished rows from
+    # the forward pass; VLMs keep generate (their rope positions are 3-D).
+    drops_finished_rows = True
     auto_class: Any = AutoModelForCausalLM
 
     def detect(self, path: Path) -> bool:
@@ -131,29 +135,25 @@ class TextLMFamily(PolicyFamily):
         if sampling.do_sample:  # each row draws from its own seed; generate takes the draw
             warpers, sampler = seeded_sampling_processors(prompts, sampling)
             processors.extend(warpers)
-        config = GenerationConfig(
-            max_new_tokens=sampling.max_tokens,
-            min_new_tokens=sampling.min_tokens,
-            do_sample=False,
-            eos_token_id=sorted(stop_ids),
-            pad_token_id=pad_id,
-            output_scores=sampler is None,
-            return_dict_in_generate=True,
-        )
         was_training = model.training
         model.eval()
-        out = model.generate(
-            input_ids=prompts["input_ids"],
-            attention_mask=prompts["attention_mask"],
-            generation_config=config,
-            logits_processor=processors,
+        sample = decode_rows if self.drops_finished_rows else transformers_generate
+        sequences, step_scores = sample(
+            model,
+            prompts["input_ids"],
+            prompts["attention_mask"],
+            processors,
+            sampling.max_tokens,
+            stop_ids,
+            pad_id,
+            sampling.min_tokens,
         )
         model.train(was_training)
 
         prompt_len = prompts["input_ids"].shape[1]
-        scores = out.scores if sampler is None else sampler.scores
+        scores = step_scores if sampler is None else sampler.scores
         responses, log_probs = generated_responses(
-            out.sequences, scores, prompt_len, sampling.max_tokens, pad_id
+            sequences, scores, prompt_len, sampling.max_tokens, pad_id
         )
         out = mask_forced(finish_rollout(prompts, responses, log_probs, stop_ids, pad_id))
         out.meta[SUPPORT_KEY] = sampling_support(sampling, stop_ids)
@@ -191,6 +191,36 @@ def response_scores(
     if with_entropy:
         entropy = algos.entropy_from_logits(logits if entropy_grad else logits.detach())
     return log_probs.squeeze(-1), entropy
+
+
+def transformers_generate(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    processors: LogitsProcessorList,
+    max_new_tokens: int,
+    stop_ids: set[int],
+    pad_id: int,
+    min_new_tokens: int = 0,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """:func:`~mmrl.models.decode.decode_rows`'s result from transformers' greedy
+    ``generate``, which computes every row until the last one stops."""
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens,
+        do_sample=False,
+        eos_token_id=sorted(stop_ids),
+        pad_token_id=pad_id,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        generation_config=config,
+        logits_processor=processors,
+    )
+    return out.sequences, out.scores
 
 
 def allowed_tokens(sampling: SamplingParams, stop_ids: set[int]) -> LogitsProcessorList:

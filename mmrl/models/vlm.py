@@ -202,6 +202,7 @@ class VLMFamily(TextLMFamily):
 
     auto_class = AutoModelForImageTextToText
     packs_rows = False  # rows carry their images' tokens and 3-D rope positions
+    drops_finished_rows = False  # generate computes the 3-D positions of text-only rows too
     # transformers has no token-classification head for these configs: no critic (GAE).
     has_critic = False
     load_critic = PolicyFamily.load_critic

@@ -1,0 +1,79 @@
+"""Token-by-token sampling for a causal LM that stops computing the rows that have finished.
+
+transformers' ``generate`` runs every row through the model until the last row stops: in a
+GRPO batch one long response keeps the whole batch decoding. :func:`decode_rows` drops a
+row from the forward pass (and its key/value cache) as soon as it emits a stop token. What
+it returns is what greedy ``generate`` with the same logits processors returns: the
+processors still see the whole batch, finished rows with pad tokens, so a processor's
+per-row state (row seeds, teacher-forced tokens) keeps its meaning.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import DynamicCache, LogitsProcessorList
+
+
+@torch.no_grad()
+def decode_rows(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    processors: LogitsProcessorList,
+    max_new_tokens: int,
+    stop_ids: set[int],
+    pad_id: int,
+    min_new_tokens: int = 0,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Tokens [B, P + t] (the prompts, then t <= ``max_new_tokens`` steps: the loop ends when
+    every row has stopped) and the processed scores [B, V] of each step.
+
+    Each step takes the highest processed score, as greedy ``generate`` does: sampling is the
+    processors' business (:class:`~mmrl.models.row_sampling.RowSeededSampler`). Until
+    ``min_new_tokens`` steps are out, stop tokens get no score (``generate``'s
+    ``min_new_tokens``). A row's steps after its stop token are ``pad_id``. ``input_ids`` is
+    left-padded; positions count its real tokens from 0.
+    """
+    batch = input_ids.shape[0]
+    stops = torch.tensor(sorted(stop_ids), device=input_ids.device)
+    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
+    live = torch.arange(batch, device=input_ids.device)  # the rows the cache holds, in order
+    mask, position = attention_mask, positions[:, -1:]
+    done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
+    sequences, scores = input_ids, []
+    for step in range(max_new_tokens):
+        step_scores = logits.new_zeros(batch, logits.shape[-1], dtype=torch.float32)
+        step_scores[live] = logits.float()
+        if step < min_new_tokens:
+            step_scores[:, stops] = float("-inf")
+        step_scores = processors(sequences, step_scores)
+        tokens = torch.where(done, pad_id, step_scores.argmax(-1))
+        scores.append(step_scores)
+        sequences = torch.cat([sequences, tokens[:, None]], dim=1)
+        done |= torch.isin(tokens, stops)
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        keep = (~done[live]).nonzero().squeeze(-1)
+        if len(keep) < len(live):
+            cache.batch_select_indices(keep)
+            live, mask, position = live[keep], mask[keep], position[keep]
+        mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
+        position = position + 1
+        logits = model(
+            input_ids=tokens[live, None],
+            attention_mask=mask,
+            position_ids=position,
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
+    return sequences, scores
