@@ -25,6 +25,7 @@ def decode_rows(
     stop_ids: set[int],
     pad_id: int,
     min_new_tokens: int = 0,
+    keep_scores: bool = True,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Tokens [B, P + t] (the prompts, then t <= ``max_new_tokens`` steps: the loop ends when
     every row has stopped) and the processed scores [B, V] of each step.
@@ -33,7 +34,8 @@ def decode_rows(
     processors' business (:class:`~mmrl.models.row_sampling.RowSeededSampler`). Until
     ``min_new_tokens`` steps are out, stop tokens get no score (``generate``'s
     ``min_new_tokens``). A row's steps after its stop token are ``pad_id``. ``input_ids`` is
-    left-padded; positions count its real tokens from 0.
+    left-padded; positions count its real tokens from 0. Without ``keep_scores`` the list is
+    empty (a sampler that keeps its own scores spares a [B, V] copy per step).
     """
     batch = input_ids.shape[0]
     stops = torch.tensor(sorted(stop_ids), device=input_ids.device)
@@ -58,7 +60,8 @@ def decode_rows(
             step_scores[:, stops] = float("-inf")
         step_scores = processors(sequences, step_scores)
         tokens = torch.where(done, pad_id, step_scores.argmax(-1))
-        scores.append(step_scores)
+        if keep_scores:
+            scores.append(step_scores)
         sequences = torch.cat([sequences, tokens[:, None]], dim=1)
         done |= torch.isin(tokens, stops)
         if bool(done.all()) or step == max_new_tokens - 1:

@@ -147,6 +147,7 @@ class TextLMFamily(PolicyFamily):
             stop_ids,
             pad_id,
             sampling.min_tokens,
+            keep_scores=sampler is None,
         )
         model.train(was_training)
 
@@ -202,6 +203,7 @@ def transformers_generate(
     stop_ids: set[int],
     pad_id: int,
     min_new_tokens: int = 0,
+    keep_scores: bool = True,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """:func:`~mmrl.models.decode.decode_rows`'s result from transformers' greedy
     ``generate``, which computes every row until the last one stops."""
@@ -211,7 +213,7 @@ def transformers_generate(
         do_sample=False,
         eos_token_id=sorted(stop_ids),
         pad_token_id=pad_id,
-        output_scores=True,
+        output_scores=keep_scores,
         return_dict_in_generate=True,
     )
     out = model.generate(
@@ -220,7 +222,7 @@ def transformers_generate(
         generation_config=config,
         logits_processor=processors,
     )
-    return out.sequences, out.scores
+    return out.sequences, out.scores or ()
 
 
 def allowed_tokens(sampling: SamplingParams, stop_ids: set[int]) -> LogitsProcessorList:
