@@ -25,7 +25,11 @@ times; the table gives the median time and its ratio to the first setting. Setti
 - ``flash attention`` (``--bf16``): torch's flash attention kernel in the update
   (``actor.math_attention_max_len=0``) instead of the math kernel every other setting runs
   on these short rows.
+- ``shared prompts`` (``--group K``): the default, with each group of ``K`` rows sharing its
+  prompt (``model.share_prompts``); ``--prompt-tokens N`` makes every prompt ``N`` tokens
+  long, as a world model's frames or a VLM's image make it.
 
+``--only SETTING ...`` runs those settings alone (the first is the baseline of the ratios).
 ``--profile SETTING`` runs one more update of that setting under ``torch.profiler`` and
 prints the operators that took the most time.
 """
@@ -53,25 +57,33 @@ from mmrl.models import get_family
 from mmrl.protocol import Batch
 
 TEXT_LM = get_family("text_lm")
-ROWS, PROMPT, RESPONSE = 64, 16, 32
+ROWS, RESPONSE = 64, 32
 
 
-def grpo_like_batch(vocab: int, seed: int = 0) -> Batch:
+def grpo_like_batch(vocab: int, seed: int = 0, group: int = 1, prompt_tokens: int = 0) -> Batch:
+    """Prompts of 4-6 tokens left-padded to 16 (or all ``prompt_tokens`` long), each shared
+    by ``group`` consecutive rows."""
     gen = torch.Generator().manual_seed(seed)
+    width = prompt_tokens or 16
     prompt_len = torch.randint(4, 7, (ROWS,), generator=gen)
+    if prompt_tokens:
+        prompt_len = torch.full((ROWS,), prompt_tokens)
+    prompt_len = prompt_len[torch.arange(ROWS) // group * group]
     # A random model stops with probability 1/vocab-ish per step: geometric lengths, capped.
     stop = torch.empty(ROWS).exponential_(1 / 15, generator=gen).long() + 1
     response_len = stop.clamp(max=RESPONSE)
-    prompt_mask = (torch.arange(PROMPT)[None] >= PROMPT - prompt_len[:, None]).long()
+    prompt_mask = (torch.arange(width)[None] >= width - prompt_len[:, None]).long()
     response_mask = (torch.arange(RESPONSE)[None] < response_len[:, None]).float()
     attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)
-    input_ids = torch.randint(3, vocab, attention_mask.shape, generator=gen) * attention_mask
+    input_ids = torch.randint(3, vocab, attention_mask.shape, generator=gen)
+    input_ids[:, :width] = input_ids[torch.arange(ROWS) // group * group, :width]
+    input_ids = input_ids * attention_mask
     out = Batch.from_dict(
         {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-            "responses": input_ids[:, PROMPT:],
+            "responses": input_ids[:, width:],
             "response_mask": response_mask,
             "valid_mask": torch.ones(ROWS, dtype=torch.bool),
             "advantages": torch.randn(ROWS, 1, generator=gen).expand(ROWS, RESPONSE).clone(),
@@ -87,12 +99,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, nargs="+", default=[512, 1024, 2048])
     parser.add_argument("--bf16", action="store_true", help="also the bf16 mixed-precision policy")
     parser.add_argument("--profile", help="a setting to profile once more, by operator")
+    parser.add_argument("--only", nargs="+", help="these settings alone; the first is the baseline")
+    parser.add_argument("--group", type=int, default=1, help="rows that share each prompt")
+    parser.add_argument("--prompt-tokens", type=int, default=0, help="every prompt's length")
     args = parser.parse_args()
     fsdp.init_process_group(0, 1, "cpu", timeout_s=600)
     with tempfile.TemporaryDirectory() as tmp:
         params = build_model(Path(tmp), *SIZES[args.size])
         base = TEXT_LM.load(Path(tmp))
-    batch = grpo_like_batch(base.config.vocab_size)
+    batch = grpo_like_batch(base.config.vocab_size, 0, args.group, args.prompt_tokens)
     actor = dataclasses.replace(ActorConfig(), use_kl_loss=False, lr=1e-5)
     dynamic = {
         budget: dataclasses.replace(actor, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=budget)
@@ -115,6 +130,15 @@ def main() -> None:
         settings["fsdp bf16 packed"] = ("pack", actor, "fsdp", "bf16")
         flash = dataclasses.replace(actor, math_attention_max_len=0)
         settings["fsdp bf16 packed, flash attention"] = ("pack", flash, "fsdp", "bf16")
+    if args.group > 1:
+        settings["fsdp packed, shared prompts"] = ("share", actor, "fsdp", None)
+        if args.bf16:
+            settings["fsdp bf16 packed, shared prompts"] = ("share", actor, "fsdp", "bf16")
+    unknown = set(args.only or []) - set(settings)
+    if unknown:
+        parser.error(f"--only {sorted(unknown)}: expected names from {sorted(settings)}")
+    if args.only:  # each setting holds its own model and AdamW state: 85M runs out of memory
+        settings = {name: settings[name] for name in args.only}
     if args.profile and args.profile not in settings:
         parser.error(f"--profile {args.profile!r}: expected one of {sorted(settings)}")
     models = {}
@@ -144,7 +168,8 @@ def main() -> None:
                 temperature=1.0,
                 seed=0,
                 trim=bool(trim),
-                pack=trim == "pack",
+                pack=trim in ("pack", "share"),
+                share_prompts=trim == "share",
             )
         return time.perf_counter() - start
 
@@ -152,13 +177,14 @@ def main() -> None:
     for _ in range(args.repeats + 1):  # the first round warms up
         for name in settings:
             times[name].append(update(name))
-    first = statistics.median(times["padded"][1:])
+    baseline = next(iter(settings))
+    first = statistics.median(times[baseline][1:])
     real = int(batch["attention_mask"].sum())
     print(
         f"\n{params / 1e6:.1f}M parameters, {ROWS} rows, {real} real of "
-        f"{ROWS * (PROMPT + RESPONSE)} padded tokens, {torch.get_num_threads()} threads"
+        f"{batch['attention_mask'].numel()} padded tokens, {torch.get_num_threads()} threads"
     )
-    print("| setting | update (s) | vs padded |\n|---|---|---|")
+    print(f"| setting | update (s) | vs {baseline} |\n|---|---|---|")
     rows = []
     for name, values in times.items():
         median = statistics.median(values[1:])
@@ -169,7 +195,8 @@ def main() -> None:
             update(args.profile)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     write_results(
-        f"actor_update_{args.size}",
+        f"actor_update_{args.size}"
+        + (f"_group{args.group}_prompt{args.prompt_tokens}" if args.group > 1 else ""),
         rows,
         "python -m benchmarks.bench_actor_update " + " ".join(sys.argv[1:]),
         params=params,

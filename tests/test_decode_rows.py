@@ -88,8 +88,10 @@ def test_stopped_rows_leave_the_forward_pass(lm):
         sequences, scores = decode_rows(model, *args, 10, {eos}, tokenizer.pad_token_id)
     finally:
         hook.remove()
-    # Call 0 is the prompt; call t computes step t for the rows that had not stopped by t - 1.
-    assert rows_per_call == [len(prompts)] + [int((stop_step >= t).sum()) for t in range(1, 6)]
+    # Call 0 runs each distinct prompt once (every prompt is there twice); call t computes
+    # step t for the rows that had not stopped by t - 1.
+    assert len(prompts) == 2 * len(PROMPTS)
+    assert rows_per_call == [len(PROMPTS)] + [int((stop_step >= t).sum()) for t in range(1, 6)]
     responses = sequences[:, prompt_len:]
     assert len(scores) == responses.shape[1] == 6
     assert torch.equal(

@@ -157,6 +157,7 @@ def step_grads(
     temperature: float = 0.7,
     rollout_is: tuple[str, float] | None = None,
     pack: bool = False,
+    share_prompts: bool = False,
     **actor: object,
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """Minus the weight change of one SGD step with lr 1 (the gradient applied), and the
@@ -177,6 +178,7 @@ def step_grads(
         trim=trim,
         rollout_is=rollout_is,
         pack=pack,
+        share_prompts=share_prompts,
     )
     return {n: before[n] - p.detach() for n, p in model.named_parameters()}, metrics
 

@@ -82,6 +82,11 @@ class ModelConfig:
     longest row, without padding (verl's use_remove_padding; exact: each token attends to its
     own sequence only, and the head runs on response positions alone; docs/scaling.md).
     Families that cannot pack (VLMs, latent policies) trim columns instead."""
+    share_prompts: bool = True
+    """With remove_padding, rows that share a prompt (a GRPO group's) run it once in the
+    forward pass: one sequence holds the prompt, then each response, each response attending
+    to the prompt and to itself (exact). Used where it at least halves the tokens: long
+    prompts, short responses (world-model contexts; docs/scaling.md)."""
 
 
 @dataclass

@@ -32,6 +32,7 @@ def compute_log_probs(
     trim: bool = True,
     max_tokens: int | None = None,
     pack: bool = False,
+    share_prompts: bool = False,
 ) -> torch.Tensor:
     """Log-probs [B, T] of the responses, computed in micro-batches without gradients; with
     ``trim``, each micro-batch runs without the padding no row of it uses (zeros there). With
@@ -48,7 +49,9 @@ def compute_log_probs(
         groups = token_budget_groups(batch, max_tokens)
     log_probs = None
     for rows in groups:
-        part = response_log_probs(family, model, batch[rows], temperature, trim, pack=pack)[0]
+        part = response_log_probs(
+            family, model, batch[rows], temperature, trim, pack=pack, share_prompts=share_prompts
+        )[0]
         if log_probs is None:
             log_probs = part.new_zeros(len(batch), *part.shape[1:])
         log_probs[torch.from_numpy(rows)] = part
@@ -66,12 +69,15 @@ def response_log_probs(
     entropy_grad: bool = True,
     pack: bool = False,
     math_attention_max_len: int = 0,
+    share_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The family's log-probs (and entropies) [b, T]; with ``trim`` the forward pass runs
     without the padding no row uses, and the steps it skipped come back as zeros, so the loss
     sees the batch's own shape (Dr.GRPO's ``seq-mean-token-sum-norm`` divides by T). With
     ``pack`` as well, a family that packs rows runs them end to end without any padding
-    (:mod:`mmrl.models.packing`). A forward pass with gradients over sequences of at most
+    (:mod:`mmrl.models.packing`), and with ``share_prompts`` rows with the same prompt may
+    run it once (:mod:`mmrl.models.prompt_sharing`). A forward pass with gradients over
+    sequences of at most
     ``math_attention_max_len`` tokens runs torch's math attention kernel on the CPU
     (:func:`~mmrl.models.attention_kernel.training_attention`)."""
     batch_in = family.trim_padding(batch) if trim else batch
@@ -79,7 +85,7 @@ def response_log_probs(
         packed = None
         if pack and trim and family.packs_rows:
             packed = family.packed_response_log_probs(
-                model, batch_in, temperature, with_entropy, entropy_grad
+                model, batch_in, temperature, with_entropy, entropy_grad, share_prompts
             )
         log_probs, entropy = packed or family.response_log_probs(
             model, batch_in, temperature, with_entropy, entropy_grad
@@ -110,6 +116,7 @@ def update_policy(
     trim: bool = True,
     rollout_is: tuple[str, float] | None = None,
     pack: bool = False,
+    share_prompts: bool = False,
 ) -> dict[str, float]:
     """PPO epochs over shuffled mini-batches, accumulating gradients over micro-batches.
 
@@ -138,7 +145,17 @@ def update_policy(
         optimizer,
         batch,
         lambda micro, weights: _micro_step(
-            family, model, micro, cfg, loss_fn, temperature, trim, pack, weights, rollout_is
+            family,
+            model,
+            micro,
+            cfg,
+            loss_fn,
+            temperature,
+            weights,
+            rollout_is,
+            trim=trim,
+            pack=pack,
+            share_prompts=share_prompts,
         ),
         epochs=cfg.ppo_epochs,
         mini_batch_size=mini_batch_size,
@@ -155,16 +172,23 @@ def update_policy(
 
 
 def _micro_step(
-    family, model, micro, cfg, loss_fn, temperature, trim, pack, weights, rollout_is
+    family, model, micro, cfg, loss_fn, temperature, weights, rollout_is, **forward
 ) -> dict:
     """One micro-batch's backward; ``weights``: (policy-loss weight, weight of the other
     terms, token-mean weight), each the micro-batch's share of the mini-batch under its
-    aggregation. Each metric names the weight its mean over micro-batches takes."""
+    aggregation. Each metric names the weight its mean over micro-batches takes. ``forward``:
+    :func:`response_log_probs`'s ``trim``, ``pack`` and ``share_prompts``."""
     mask, valid = micro["response_mask"], micro["valid_mask"]
     # Without an entropy bonus the entropy is only logged: no graph is kept for it.
-    kernel_max_len = cfg.math_attention_max_len
     log_prob, entropy = response_log_probs(
-        family, model, micro, temperature, trim, True, cfg.entropy_coeff != 0, pack, kernel_max_len
+        family,
+        model,
+        micro,
+        temperature,
+        with_entropy=True,
+        entropy_grad=cfg.entropy_coeff != 0,
+        math_attention_max_len=cfg.math_attention_max_len,
+        **forward,
     )
     out = {}
     if "old_log_probs" in micro:

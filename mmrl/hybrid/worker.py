@@ -146,6 +146,7 @@ class ActorRolloutRefWorker:
             trim=self.cfg.actor_rollout_ref.model.trim_padding,
             max_tokens=self._log_prob_max_tokens(),
             pack=self.cfg.actor_rollout_ref.model.remove_padding,
+            share_prompts=self.cfg.actor_rollout_ref.model.share_prompts,
         ).cpu()
 
     @register(Dispatch.DP_COMPUTE)
@@ -163,6 +164,7 @@ class ActorRolloutRefWorker:
             trim=arr.model.trim_padding,
             max_tokens=self._log_prob_max_tokens(),
             pack=arr.model.remove_padding,
+            share_prompts=arr.model.share_prompts,
         ).cpu()
 
     def _log_prob_max_tokens(self) -> int | None:
@@ -187,6 +189,7 @@ class ActorRolloutRefWorker:
             seed=seed,
             trim=arr.model.trim_padding,
             pack=arr.model.remove_padding,
+            share_prompts=arr.model.share_prompts,
             rollout_is=(algo.rollout_is, algo.rollout_is_cap) if algo.rollout_is else None,
         )
         self.lr_schedule.step()  # once per RL step, as verl's warm-up counts

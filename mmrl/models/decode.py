@@ -6,6 +6,9 @@ row from the forward pass (and its key/value cache) as soon as it emits a stop t
 it returns is what greedy ``generate`` with the same logits processors returns: the
 processors still see the whole batch, finished rows with pad tokens, so a processor's
 per-row state (row seeds, teacher-forced tokens) keeps its meaning.
+
+A GRPO batch holds each prompt once per sample: the prompt pass runs each distinct prompt
+once, and its keys and values are copied to the rows that share it.
 """
 
 from __future__ import annotations
@@ -41,14 +44,18 @@ def decode_rows(
     stops = torch.tensor(sorted(stop_ids), device=input_ids.device)
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
+    first, copies = distinct_rows(torch.cat([input_ids, attention_mask], dim=1))
     logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=positions,
+        input_ids=input_ids[first],
+        attention_mask=attention_mask[first],
+        position_ids=positions[first],
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
     ).logits[:, -1]
+    if len(first) < batch:
+        cache.batch_select_indices(copies)
+        logits = logits[copies]
     live = torch.arange(batch, device=input_ids.device)  # the rows the cache holds, in order
     mask, position = attention_mask, positions[:, -1:]
     done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
@@ -80,3 +87,16 @@ def decode_rows(
             use_cache=True,
         ).logits[:, -1]
     return sequences, scores
+
+
+def distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first row of each distinct value of ``rows`` [B, L], in order, and for each row the
+    position of its value among them: ``rows[first][copies] == rows``."""
+    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    order = torch.arange(len(rows), device=rows.device)
+    first = torch.full_like(inverse[: int(inverse.max()) + 1], len(rows))
+    first = first.scatter_reduce(0, inverse, order, "amin").sort().values
+    # Renumber the distinct values by first appearance, as ``first`` lists them.
+    rank = torch.empty_like(first)
+    rank[inverse[first]] = torch.arange(len(first), device=rows.device)
+    return first, rank[inverse]

@@ -115,10 +115,12 @@ class PolicyFamily:
         temperature: float = 1.0,
         with_entropy: bool = False,
         entropy_grad: bool = True,
+        share_prompts: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """:meth:`response_log_probs` with the rows packed end to end, without padding
         (``actor_rollout_ref.model.remove_padding``); ``None`` where this batch cannot be
-        packed. Only a family with ``packs_rows`` is asked."""
+        packed. With ``share_prompts``, rows with the same prompt may run it once
+        (:mod:`mmrl.models.prompt_sharing`). Only a family with ``packs_rows`` is asked."""
         return None
 
     def trim_padding(self, batch: Batch) -> Batch:

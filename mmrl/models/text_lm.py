@@ -22,6 +22,7 @@ from mmrl.models.decode import decode_rows
 from mmrl.models.family import PolicyFamily, VLLMServing, register_family, torch_dtype
 from mmrl.models.packing import head_on_positions, pack_rows
 from mmrl.models.padding import trim_padding
+from mmrl.models.prompt_sharing import shared_prompt_rows
 from mmrl.models.responses import finish_rollout, generated_responses
 from mmrl.models.row_sampling import seeded_sampling_processors
 from mmrl.protocol import Batch
@@ -101,14 +102,17 @@ class TextLMFamily(PolicyFamily):
         temperature: float = 1.0,
         with_entropy: bool = False,
         entropy_grad: bool = True,
+        share_prompts: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        packed = pack_rows(batch)
+        shared = shared_prompt_rows(batch) if share_prompts else None
+        packed = shared or pack_rows(batch)
         if packed is None:
             return None
+        inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids}
+        if shared is not None:
+            inputs["attention_mask"] = shared.attention_mask
         with head_on_positions(model.get_output_embeddings(), packed.score_index):
-            logits = model(
-                input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False
-            ).logits[0]
+            logits = model(**inputs, use_cache=False).logits[0]
         steps = packed.steps
         dense = logits.new_zeros(*steps.shape, logits.shape[-1], dtype=torch.float32)
         dense[steps] = logits.float() / temperature  # [b, T, V], as the padded path's

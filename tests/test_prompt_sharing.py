@@ -1,0 +1,90 @@
+"""A GRPO group's prompt run once in the training forward pass gives every row's numbers.
+
+Three prompts of six to eight tokens, each with three responses of one to three tokens: the
+rows that share a prompt become one sequence (the prompt, then each response), which must
+give the padded rows' log-probs and gradient.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mmrl.hybrid.actor import compute_log_probs
+from mmrl.models.prompt_sharing import shared_prompt_rows
+from mmrl.protocol import Batch
+from tests.test_step_exactness import TEXT_LM, V, assert_same_grads, model, step_grads
+
+__all__ = ["model"]  # the tiny Qwen2 fixture
+P, T = 8, 4
+PROMPT_LENGTHS = [8, 8, 8, 6, 6, 6, 7, 7, 7]
+RESPONSE_LENGTHS = [3, 1, 2, 2, 3, 1, 1, 1, 3]
+
+
+@pytest.fixture(scope="module")
+def grouped() -> Batch:
+    gen = torch.Generator().manual_seed(2)
+    n = len(PROMPT_LENGTHS)
+    prompt_mask = (torch.arange(P)[None] >= P - torch.tensor(PROMPT_LENGTHS)[:, None]).long()
+    response_mask = (torch.arange(T)[None] < torch.tensor(RESPONSE_LENGTHS)[:, None]).float()
+    attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)
+    input_ids = torch.randint(3, V, (n, P + T), generator=gen)
+    input_ids[:, :P] = input_ids[::3, :P].repeat_interleave(3, dim=0)  # three rows per prompt
+    input_ids = input_ids * attention_mask  # pad id 0
+    out = Batch.from_dict(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+            "responses": input_ids[:, P:],
+            "response_mask": response_mask,
+            "valid_mask": torch.ones(n, dtype=torch.bool),
+            "advantages": torch.randn(n, T, generator=gen) * response_mask,
+        }
+    )
+    out["rollout_log_probs"] = torch.zeros(n, T)
+    return out
+
+
+def test_a_group_is_one_sequence_whose_responses_see_the_prompt_and_themselves(grouped):
+    shared = shared_prompt_rows(grouped)
+    assert shared is not None
+    assert shared.input_ids.shape == (3, 8 + 3 + 1 + 2)  # the longest: 8 prompt + 6 tokens
+    first = shared.input_ids[0]
+    assert first[:8].tolist() == grouped["input_ids"][0, :8].tolist()
+    assert first[8:11].tolist() == grouped["responses"][0, :3].tolist()
+    # Each response's positions continue from the prompt's end.
+    assert shared.position_ids[0].tolist() == [*range(8), 8, 9, 10, 8, 8, 9]
+    seen = shared.attention_mask[0, 0]
+    assert seen[13].tolist() == [True] * 8 + [False] * 4 + [True, True]  # row 2's 2nd token
+    assert seen[11].tolist() == [True] * 8 + [False] * 3 + [True, False, False]  # row 1's
+    assert len(shared.score_index) == sum(RESPONSE_LENGTHS)
+    # Step 0 of every row is scored at its prompt's last token.
+    assert shared.score_index[[0, 3, 4]].tolist() == [7, 7, 7]
+    assert shared.score_index[[1, 2, 5]].tolist() == [8, 9, 12]
+
+
+def test_sharing_is_skipped_where_it_would_not_halve_the_tokens(grouped):
+    assert shared_prompt_rows(grouped[[0, 3, 6]]) is None  # three prompts, once each
+    assert shared_prompt_rows(grouped, max_token_share=0.3) is None
+
+
+def test_shared_prompts_give_the_padded_log_probs(model, grouped):
+    padded = compute_log_probs(TEXT_LM, model, grouped, 9, temperature=0.7, trim=False)
+    shared = compute_log_probs(
+        TEXT_LM, model, grouped, 9, 0.7, trim=True, pack=True, share_prompts=True
+    )
+    mask = grouped["response_mask"].bool()
+    torch.testing.assert_close(shared[mask], padded[mask], atol=1e-5, rtol=0)
+    assert (shared[~mask] == 0).all()
+
+
+def test_shared_prompts_apply_the_padded_gradient(model, grouped):
+    with_old = grouped.clone()
+    with_old["old_log_probs"] = compute_log_probs(TEXT_LM, model, grouped, 9, 0.7, trim=False)
+    padded, padded_metrics = step_grads(model, with_old, trim=False, ppo_micro_batch_size=9)
+    shared, shared_metrics = step_grads(
+        model, with_old, trim=True, pack=True, share_prompts=True, ppo_micro_batch_size=9
+    )
+    assert_same_grads(shared, padded)
+    assert shared_metrics["actor/entropy"] == pytest.approx(padded_metrics["actor/entropy"])
