@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mmrl.hybrid.actor import compute_log_probs
+from mmrl.hybrid.minibatch import micro_batches
 from mmrl.models.prompt_sharing import shared_prompt_rows
 from mmrl.protocol import Batch
 from tests.test_step_exactness import TEXT_LM, V, assert_same_grads, model, step_grads
@@ -88,3 +89,24 @@ def test_shared_prompts_apply_the_padded_gradient(model, grouped):
     )
     assert_same_grads(shared, padded)
     assert shared_metrics["actor/entropy"] == pytest.approx(padded_metrics["actor/entropy"])
+
+
+def test_micro_batches_hold_whole_groups_of_shuffled_rows(model, grouped):
+    shuffled = grouped[[4, 0, 8, 2, 3, 7, 1, 5, 6]]
+    micros = micro_batches(shuffled, 3, None, by_prompt=True)
+    prompts = [{tuple(row) for row in micro["input_ids"][:, :P].tolist()} for micro in micros]
+    assert [len(p) for p in prompts] == [1, 1, 1]  # each micro-batch: one prompt, three rows
+    assert [len(micro) for micro in micros] == [3, 3, 3]
+    # Cut in the order given, a micro-batch of three shuffled rows holds two or three prompts.
+    assert (
+        len({tuple(r) for r in micro_batches(shuffled, 3, None)[0]["input_ids"][:, :P].tolist()})
+        > 1
+    )
+
+    with_old = shuffled.clone()
+    with_old["old_log_probs"] = compute_log_probs(TEXT_LM, model, shuffled, 9, 0.7, trim=False)
+    padded, _ = step_grads(model, with_old, trim=False, ppo_micro_batch_size=3)
+    shared, _ = step_grads(
+        model, with_old, trim=True, pack=True, share_prompts=True, ppo_micro_batch_size=3
+    )
+    assert_same_grads(shared, padded)

@@ -166,6 +166,7 @@ def update_policy(
         seed=seed,
         prefix="actor",
         max_tokens=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None,
+        by_prompt=share_prompts and pack,
     )
     metrics["actor/lr"] = optimizer.param_groups[0]["lr"]
     return metrics

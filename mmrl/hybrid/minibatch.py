@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mmrl.hybrid.dispatch import metric_reduction
+from mmrl.models.prompt_sharing import prompt_groups
 from mmrl.protocol import Batch
 
 # (micro-batch, its weight under each of the loss's aggregation modes) -> its metrics, each a
@@ -32,6 +33,7 @@ def ppo_minibatches(
     seed: int,
     prefix: str,
     max_tokens: int | None = None,
+    by_prompt: bool = False,
 ) -> dict[str, float]:
     """``epochs`` passes over ``batch`` in mini-batches, one optimizer step each.
 
@@ -39,7 +41,8 @@ def ppo_minibatches(
     ``mini_batch_size`` rows is its part of the i-th global mini-batch, already shuffled.
     Later epochs regroup the rows by :func:`epoch_order`, which every rank computes alike.
     Micro-batches hold ``micro_batch_size`` rows, or, with ``max_tokens``, rows of similar
-    length up to that many tokens (:func:`micro_batches`). ``micro_step(micro, weights)``
+    length up to that many tokens (:func:`micro_batches`); ``by_prompt`` cuts them after
+    putting the rows that share a prompt side by side. ``micro_step(micro, weights)``
     runs the forward and the backward of one micro-batch and returns its metrics.
     ``weights`` holds one weight per mode of ``loss_agg_modes`` (:func:`micro_batch_weights`):
     a loss term aggregated by a mode, times that mode's weight, accumulates into the gradient
@@ -62,7 +65,7 @@ def ppo_minibatches(
             batch.reorder(epoch_order(len(batch), mini_batch_size, seed, epoch))
         for mini in batch.split(mini_batch_size):
             optimizer.zero_grad(set_to_none=True)
-            micros = micro_batches(mini, micro_batch_size, max_tokens)
+            micros = micro_batches(mini, micro_batch_size, max_tokens, by_prompt)
             per_mode = [micro_batch_weights(micros, mode) for mode in loss_agg_modes]
             step: dict[str, float] = defaultdict(float)
             for micro, weights in zip(micros, zip(*per_mode, strict=True), strict=True):
@@ -154,12 +157,21 @@ def micro_batch_weights(micros: list[Batch], loss_agg_mode: str) -> list[float]:
     return [world_size * count / max(total, 1.0) for count in counts]
 
 
-def micro_batches(batch: Batch, micro_batch_size: int, max_tokens: int | None) -> list[Batch]:
+def micro_batches(
+    batch: Batch, micro_batch_size: int, max_tokens: int | None, by_prompt: bool = False
+) -> list[Batch]:
     """``batch`` in micro-batches of ``micro_batch_size`` rows in order, or, with ``max_tokens``,
-    in the groups of :func:`token_budget_groups` (verl's ``use_dynamic_bsz``)."""
-    if max_tokens is None:
-        return batch.split(micro_batch_size)
-    return [batch[rows] for rows in token_budget_groups(batch, max_tokens)]
+    in the groups of :func:`token_budget_groups` (verl's ``use_dynamic_bsz``). With
+    ``by_prompt``, rows that share a prompt are put side by side first, so that a micro-batch
+    holds whole GRPO groups and runs each prompt once (``model.share_prompts``). A mini-batch's
+    gradient is the weighted sum over its micro-batches, whichever rows each holds."""
+    if max_tokens is not None:
+        return [batch[rows] for rows in token_budget_groups(batch, max_tokens)]
+    if by_prompt:
+        steps = batch["response_mask"].shape[1]
+        groups = prompt_groups(batch["input_ids"][:, :-steps], batch["attention_mask"][:, :-steps])
+        batch = batch[np.concatenate(groups)]
+    return batch.split(micro_batch_size)
 
 
 def token_budget_groups(batch: Batch, max_tokens: int) -> list[np.ndarray]:

@@ -48,15 +48,22 @@ def split_by_width(
     rows: list[int], lengths: list[int], prompt_len: int, width: int
 ) -> list[list[int]]:
     """``rows`` (responses of ``lengths``) in consecutive runs that fit after the prompt in
-    ``width`` tokens (a run holds at least one row)."""
+    ``width`` tokens (a run holds at least one row), as few as fit and of about equal length:
+    the sequences are padded to the longest, so a long run beside a short one costs two long
+    ones."""
+    room = max(1, width - prompt_len)
+    total = sum(lengths[row] for row in rows)
+    share = total / max(1, -(-total // room))  # per run, for the fewest runs that fit
     runs: list[list[int]] = [[]]
-    used = prompt_len
+    used = run_used = 0
     for row in rows:
-        if runs[-1] and used + lengths[row] > width:
+        past_share = used + lengths[row] / 2 > share * len(runs)
+        if runs[-1] and (past_share or run_used + lengths[row] > room):
             runs.append([])
-            used = prompt_len
+            run_used = 0
         runs[-1].append(row)
         used += lengths[row]
+        run_used += lengths[row]
     return runs
 
 
