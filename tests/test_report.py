@@ -179,3 +179,20 @@ def test_vlm_samples_keep_thumbnails_of_their_prompt_images(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "critic/score/mean": 0.5}\n')
     page = Page(write_report(tmp_path).read_text())
     assert page.table_rows["samples"] == 7 and len(page.images) == 1 + 6  # a chart, 6 thumbs
+
+
+def test_world_model_samples_show_no_empty_text_columns_and_fold_long_states(tmp_path):
+    """A world model's validation rows have no text prompt or response, and their ground truth
+    is a whole environment state: no empty columns, and the state folded after its start."""
+    state = json.dumps([{"walls": str(np.ones((8, 8), dtype=bool)), "agent": "[6 6]"}])
+    with (tmp_path / "samples.jsonl").open("w") as f:
+        for step in (0, 5):
+            row = {"step": step, "index": 0, "prompt": None, "response": None}
+            f.write(json.dumps({**row, "ground_truth": state, "score": -0.02, "valid": True}))
+            f.write("\n")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "critic/score/mean": 0.5}\n')
+    text = write_report(tmp_path).read_text()
+    header = text[text.index('<table class="samples">') :].split("</tr>")[0]
+    assert "<th>prompt</th>" not in header and "<th>response</th>" not in header
+    assert "<th>ground truth</th>" in header
+    assert text.count("<details><summary>") == 2 and len(state) > 120

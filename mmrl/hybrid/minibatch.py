@@ -167,7 +167,7 @@ def micro_batches(
     gradient is the weighted sum over its micro-batches, whichever rows each holds."""
     if max_tokens is not None:
         return [batch[rows] for rows in token_budget_groups(batch, max_tokens)]
-    if by_prompt:
+    if by_prompt and "input_ids" in batch:  # token rows; a latent policy's have no prompt ids
         steps = batch["response_mask"].shape[1]
         groups = prompt_groups(batch["input_ids"][:, :-steps], batch["attention_mask"][:, :-steps])
         batch = batch[np.concatenate(groups)]

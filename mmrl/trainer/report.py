@@ -193,11 +193,14 @@ def samples_section(record: RunRecord) -> str:
         return ""
     steps = sorted({s.get("step", 0) for s in record.samples})
     shown = [s for s in record.samples if s.get("step") in {steps[0], steps[-1]}]
+    # A world model's samples have no text prompt or response: no empty columns for them.
+    texts = [key for key in ("prompt", "response") if any(s.get(key) for s in shown)]
     out = [
         '<section id="samples"><h2>Validation samples</h2>',
         f"<p>The first and the last validation (steps {steps[0]} and {steps[-1]}).</p>",
-        '<table class="samples"><tr><th>step</th><th>input</th><th>prompt</th>'
-        "<th>response</th><th>ground truth</th><th>reward</th></tr>",
+        '<table class="samples"><tr><th>step</th><th>input</th>'
+        + "".join(f"<th>{key}</th>" for key in texts)
+        + "<th>ground truth</th><th>reward</th></tr>",
     ]
     for s in shown:
         images = "".join(
@@ -209,15 +212,25 @@ def samples_section(record: RunRecord) -> str:
         cells = [
             _num(s.get("step")),
             images,
-            f'<td class="text">{html.escape(s.get("prompt") or "")}</td>',
-            f'<td class="text">{html.escape(s.get("response") or "")}</td>',
-            f'<td class="text">{html.escape(s.get("ground_truth") or "")}</td>',
+            *(f'<td class="text">{html.escape(s.get(key) or "")}</td>' for key in texts),
+            f'<td class="text">{_folded(s.get("ground_truth") or "")}</td>',
             _num(s.get("score")) + flag,
         ]
         out.append(
             "<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in cells) + "</tr>"
         )
     return "\n".join(out + ["</table></section>"])
+
+
+def _folded(text: str, shown: int = 120) -> str:
+    """``text`` escaped, its first ``shown`` characters visible and the rest a click away (a
+    world model's ground truth is a whole environment state)."""
+    if len(text) <= shown:
+        return html.escape(text)
+    return (
+        f"<details><summary>{html.escape(text[:shown])}...</summary>"
+        f"{html.escape(text)}</details>"
+    )
 
 
 def worldmodel_section(record: RunRecord) -> str:
