@@ -228,8 +228,7 @@ def _folded(text: str, shown: int = 120) -> str:
     if len(text) <= shown:
         return html.escape(text)
     return (
-        f"<details><summary>{html.escape(text[:shown])}...</summary>"
-        f"{html.escape(text)}</details>"
+        f"<details><summary>{html.escape(text[:shown])}...</summary>{html.escape(text)}</details>"
     )
 
 
