@@ -77,9 +77,8 @@ def response_log_probs(
     ``pack`` as well, a family that packs rows runs them end to end without any padding
     (:mod:`mmrl.models.packing`), and with ``share_prompts`` rows with the same prompt may
     run it once (:mod:`mmrl.models.prompt_sharing`). A forward pass with gradients over
-    sequences of at most
-    ``math_attention_max_len`` tokens runs torch's math attention kernel on the CPU
-    (:func:`~mmrl.models.attention_kernel.training_attention`)."""
+    sequences of at most ``math_attention_max_len`` tokens runs torch's math attention kernel
+    on the CPU (:func:`~mmrl.models.attention_kernel.training_attention`)."""
     batch_in = family.trim_padding(batch) if trim else batch
     with _attention_kernel(batch_in, math_attention_max_len):
         packed = None
