@@ -14,7 +14,13 @@ from mmrl.hybrid.actor import compute_log_probs
 from mmrl.hybrid.minibatch import micro_batches
 from mmrl.models.prompt_sharing import shared_prompt_rows
 from mmrl.protocol import Batch
-from tests.test_step_exactness import TEXT_LM, V, assert_same_grads, model, step_grads
+from tests.test_step_exactness import (
+    TEXT_LM,
+    assert_same_grads,
+    model,
+    padded_batch,
+    step_grads,
+)
 
 __all__ = ["model"]  # the tiny Qwen2 fixture
 P, T = 8, 4
@@ -24,27 +30,24 @@ RESPONSE_LENGTHS = [3, 1, 2, 2, 3, 1, 1, 1, 3]
 
 @pytest.fixture(scope="module")
 def grouped() -> Batch:
-    gen = torch.Generator().manual_seed(2)
-    n = len(PROMPT_LENGTHS)
-    prompt_mask = (torch.arange(P)[None] >= P - torch.tensor(PROMPT_LENGTHS)[:, None]).long()
-    response_mask = (torch.arange(T)[None] < torch.tensor(RESPONSE_LENGTHS)[:, None]).float()
-    attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)
-    input_ids = torch.randint(3, V, (n, P + T), generator=gen)
-    input_ids[:, :P] = input_ids[::3, :P].repeat_interleave(3, dim=0)  # three rows per prompt
-    input_ids = input_ids * attention_mask  # pad id 0
-    out = Batch.from_dict(
-        {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-            "responses": input_ids[:, P:],
-            "response_mask": response_mask,
-            "valid_mask": torch.ones(n, dtype=torch.bool),
-            "advantages": torch.randn(n, T, generator=gen) * response_mask,
-        }
+    return padded_batch(PROMPT_LENGTHS, RESPONSE_LENGTHS, P, T, seed=2, rows_per_prompt=3)
+
+
+def shared_and_padded_grads(model, batch: Batch, micro_batch_size: int) -> tuple:
+    """The update's gradient and metrics with shared prompts, then with padded rows."""
+    with_old = batch.clone()
+    with_old["old_log_probs"] = compute_log_probs(TEXT_LM, model, batch, 9, 0.7, trim=False)
+    return (
+        step_grads(
+            model,
+            with_old,
+            trim=True,
+            pack=True,
+            share_prompts=True,
+            ppo_micro_batch_size=micro_batch_size,
+        ),
+        step_grads(model, with_old, trim=False, ppo_micro_batch_size=micro_batch_size),
     )
-    out["rollout_log_probs"] = torch.zeros(n, T)
-    return out
 
 
 def test_a_group_is_one_sequence_whose_responses_see_the_prompt_and_themselves(grouped):
@@ -81,12 +84,7 @@ def test_shared_prompts_give_the_padded_log_probs(model, grouped):
 
 
 def test_shared_prompts_apply_the_padded_gradient(model, grouped):
-    with_old = grouped.clone()
-    with_old["old_log_probs"] = compute_log_probs(TEXT_LM, model, grouped, 9, 0.7, trim=False)
-    padded, padded_metrics = step_grads(model, with_old, trim=False, ppo_micro_batch_size=9)
-    shared, shared_metrics = step_grads(
-        model, with_old, trim=True, pack=True, share_prompts=True, ppo_micro_batch_size=9
-    )
+    (shared, shared_metrics), (padded, padded_metrics) = shared_and_padded_grads(model, grouped, 9)
     assert_same_grads(shared, padded)
     assert shared_metrics["actor/entropy"] == pytest.approx(padded_metrics["actor/entropy"])
 
@@ -94,19 +92,13 @@ def test_shared_prompts_apply_the_padded_gradient(model, grouped):
 def test_micro_batches_hold_whole_groups_of_shuffled_rows(model, grouped):
     shuffled = grouped[[4, 0, 8, 2, 3, 7, 1, 5, 6]]
     micros = micro_batches(shuffled, 3, None, by_prompt=True)
-    prompts = [{tuple(row) for row in micro["input_ids"][:, :P].tolist()} for micro in micros]
-    assert [len(p) for p in prompts] == [1, 1, 1]  # each micro-batch: one prompt, three rows
+    assert [len(prompts_of(micro)) for micro in micros] == [1, 1, 1]  # one prompt each
     assert [len(micro) for micro in micros] == [3, 3, 3]
     # Cut in the order given, a micro-batch of three shuffled rows holds two or three prompts.
-    assert (
-        len({tuple(r) for r in micro_batches(shuffled, 3, None)[0]["input_ids"][:, :P].tolist()})
-        > 1
-    )
-
-    with_old = shuffled.clone()
-    with_old["old_log_probs"] = compute_log_probs(TEXT_LM, model, shuffled, 9, 0.7, trim=False)
-    padded, _ = step_grads(model, with_old, trim=False, ppo_micro_batch_size=3)
-    shared, _ = step_grads(
-        model, with_old, trim=True, pack=True, share_prompts=True, ppo_micro_batch_size=3
-    )
+    assert len(prompts_of(micro_batches(shuffled, 3, None)[0])) > 1
+    (shared, _), (padded, _) = shared_and_padded_grads(model, shuffled, 3)
     assert_same_grads(shared, padded)
+
+
+def prompts_of(micro: Batch) -> set[tuple[int, ...]]:
+    return {tuple(row) for row in micro["input_ids"][:, :P].tolist()}

@@ -52,24 +52,43 @@ def model() -> Qwen2ForCausalLM:
 
 @pytest.fixture(scope="module")
 def batch() -> Batch:
-    gen = torch.Generator().manual_seed(1)
-    n = len(PROMPT_LENGTHS)
-    prompt_mask = (torch.arange(P)[None] >= P - torch.tensor(PROMPT_LENGTHS)[:, None]).long()
-    response_mask = (torch.arange(T)[None] < torch.tensor(RESPONSE_LENGTHS)[:, None]).float()
+    return padded_batch(PROMPT_LENGTHS, RESPONSE_LENGTHS, P, T, seed=1)
+
+
+def padded_batch(
+    prompt_lengths: list[int],
+    response_lengths: list[int],
+    width: int,
+    steps: int,
+    seed: int,
+    rows_per_prompt: int = 1,
+) -> Batch:
+    """Rows of random tokens: prompts of ``prompt_lengths`` left-padded to ``width``, each
+    shared by ``rows_per_prompt`` consecutive rows, and responses of ``response_lengths``
+    right-padded to ``steps``, with random advantages."""
+    gen = torch.Generator().manual_seed(seed)
+    n = len(prompt_lengths)
+    prompt_mask = (
+        torch.arange(width)[None] >= width - torch.tensor(prompt_lengths)[:, None]
+    ).long()
+    response_mask = (torch.arange(steps)[None] < torch.tensor(response_lengths)[:, None]).float()
     attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)
-    input_ids = torch.randint(3, V, (n, P + T), generator=gen) * attention_mask  # pad id 0
+    input_ids = torch.randint(3, V, (n, width + steps), generator=gen)
+    shared = torch.arange(n) // rows_per_prompt * rows_per_prompt
+    input_ids[:, :width] = input_ids[shared, :width]
+    input_ids = input_ids * attention_mask  # pad id 0
     out = Batch.from_dict(
         {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-            "responses": input_ids[:, P:],
+            "responses": input_ids[:, width:],
             "response_mask": response_mask,
             "valid_mask": torch.ones(n, dtype=torch.bool),
-            "advantages": torch.randn(n, T, generator=gen) * response_mask,
+            "advantages": torch.randn(n, steps, generator=gen) * response_mask,
         }
     )
-    out["rollout_log_probs"] = torch.zeros(n, T)
+    out["rollout_log_probs"] = torch.zeros(n, steps)
     return out
 
 

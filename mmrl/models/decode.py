@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache, LogitsProcessorList
 
+from mmrl.models.prompt_sharing import prompt_groups
+
 
 @torch.no_grad()
 def decode_rows(
@@ -44,7 +46,7 @@ def decode_rows(
     stops = torch.tensor(sorted(stop_ids), device=input_ids.device)
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
-    first, copies = distinct_rows(torch.cat([input_ids, attention_mask], dim=1))
+    first, copies = distinct_rows(input_ids, attention_mask)
     logits = model(
         input_ids=input_ids[first],
         attention_mask=attention_mask[first],
@@ -89,14 +91,14 @@ def decode_rows(
     return sequences, scores
 
 
-def distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first row of each distinct value of ``rows`` [B, L], in order, and for each row the
-    position of its value among them: ``rows[first][copies] == rows``."""
-    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
-    order = torch.arange(len(rows), device=rows.device)
-    first = torch.full_like(inverse[: int(inverse.max()) + 1], len(rows))
-    first = first.scatter_reduce(0, inverse, order, "amin").sort().values
-    # Renumber the distinct values by first appearance, as ``first`` lists them.
-    rank = torch.empty_like(first)
-    rank[inverse[first]] = torch.arange(len(first), device=rows.device)
-    return first, rank[inverse]
+def distinct_rows(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first row of each distinct prompt, in order, and for each row the position of its
+    prompt among them: ``input_ids[first][copies]`` is ``input_ids`` (left-padded alike)."""
+    groups = prompt_groups(input_ids, attention_mask)
+    first = torch.tensor([rows[0] for rows in groups], device=input_ids.device)
+    copies = torch.empty(len(input_ids), dtype=torch.long, device=input_ids.device)
+    for i, rows in enumerate(groups):
+        copies[rows] = i
+    return first, copies

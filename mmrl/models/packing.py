@@ -47,18 +47,24 @@ def first_fit_bins(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
+def positions_count_tokens(batch: Batch) -> bool:
+    """Whether ``batch``'s position ids count 0, 1, 2, ... along each row's real tokens, so
+    that a row's tokens keep their positions wherever they are laid."""
+    mask = batch["attention_mask"].bool()
+    positions = batch["position_ids"]
+    if positions.shape != mask.shape:
+        return False
+    return torch.equal(positions[mask], (mask.long().cumsum(-1) - 1)[mask])
+
+
 def pack_rows(batch: Batch) -> PackedRows | None:
     """``batch`` (``input_ids``, ``attention_mask``, ``position_ids`` [b, P + T] with left-padded
     prompts and right-padded responses) packed into bins; ``None`` when its position ids do
     not count 0, 1, 2, ... along each row's real tokens (3-D rope positions, offsets), which
     the packed-sequence mask could not tell apart."""
+    if not positions_count_tokens(batch):
+        return None
     mask = batch["attention_mask"].bool()
-    positions = batch["position_ids"]
-    if positions.shape != mask.shape:
-        return None
-    counted = mask.long().cumsum(-1) - 1
-    if not torch.equal(positions[mask], counted[mask]):
-        return None
     device = mask.device
     lengths = mask.sum(-1).tolist()
     width = max(lengths)

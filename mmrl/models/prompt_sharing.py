@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mmrl.models.packing import positions_count_tokens
 from mmrl.protocol import Batch
 
 
@@ -78,12 +79,9 @@ def shared_prompt_rows(
     not count 0, 1, 2, ... along each row's real tokens. A sequence is at most
     ``width_factor`` times the batch's longest row long (unless one prompt and one response
     make it longer)."""
+    if not positions_count_tokens(batch):
+        return None
     mask = batch["attention_mask"].bool()
-    positions = batch["position_ids"]
-    if positions.shape != mask.shape:
-        return None
-    if not torch.equal(positions[mask], (mask.long().cumsum(-1) - 1)[mask]):
-        return None
     num_steps = batch["responses"].shape[1]
     num_prompt = mask.shape[1] - num_steps
     tokens = batch["input_ids"]
