@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM
 
 from mmrl.config import load_config
 from mmrl.hybrid import ActorRolloutRefWorker, LocalWorkerGroup, WorkerError
+from mmrl.hybrid.dispatch import Dispatch, register
 from mmrl.protocol import Batch
 from mmrl.sampling import SamplingParams
 from mmrl.tasks import get_task
@@ -487,3 +488,41 @@ def test_expected_error_in_a_worker_arrives_short_with_its_rank(tmp_path, local_
     short = err.value.short()
     assert short.startswith("rank 0 of 1") and "holds no known policy" in short
     assert "Traceback" not in short and len(short.splitlines()) <= 2
+
+
+class _BrokenCollective:
+    """Rank 1's process is killed; rank 0 reports the broken collective before Ray notices."""
+
+    def __init__(self) -> None:
+        self.rank = torch.distributed.get_rank()
+
+    @register(Dispatch.ALL)
+    def all_reduce(self) -> None:
+        if self.rank == 0:
+            raise RuntimeError("Read error [127.0.0.1]:5019: Connection reset by peer")
+        time.sleep(2.0)
+        os.kill(os.getpid(), 9)
+
+
+def test_a_peer_error_caused_by_a_killed_rank_is_reported_as_the_death(local_ray):
+    """Only a death can be restarted from (trainer.max_restarts), so the connection error it
+    causes on the surviving rank must not be what the driver reports."""
+    from mmrl.hybrid.ray_group import RayWorkerGroup, ResourcePool
+
+    # The workers cannot import this test module, so its class travels by value.
+    module = sys.modules[__name__]
+    ray.cloudpickle.register_pickle_by_value(module)
+    try:
+        group = RayWorkerGroup.spawn(
+            ResourcePool(1, 2, cpus_per_worker=1),
+            "broken",
+            _BrokenCollective,
+            device_type="cpu",
+            timeout_s=60,
+        )
+        with pytest.raises(WorkerError) as err:
+            group.all_reduce()
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(module)
+    assert err.value.worker_died and err.value.rank == 1, str(err.value)
+    assert "rank 1 of 2 in group 'broken'" in str(err.value)

@@ -20,6 +20,7 @@ from mmrl.hybrid.dispatch import Args
 from mmrl.hybrid.group import WorkerError, WorkerGroup, WorkerHost
 
 RemoteHost = ray.remote(WorkerHost)
+PEER_DEATH_GRACE_S = 10.0
 
 
 @dataclass
@@ -162,8 +163,31 @@ class RayWorkerGroup(WorkerGroup):
             try:
                 results[ref] = ray.get(ref)
             except RayError as err:
-                raise self._failure(rank_of[ref], what, err) from err
+                rank, err = self._root_failure(rank_of[ref], err, pending, rank_of)
+                raise self._failure(rank, what, err) from err
         return [results[ref] for ref in refs]
+
+    def _root_failure(
+        self, rank: int, err: RayError, pending: list[ray.ObjectRef], rank_of: dict
+    ) -> tuple[int, RayError]:
+        """The failure to report: a peer's death rather than the error it caused.
+
+        A killed rank breaks the collective its peers are in, and a peer's "connection reset"
+        error can reach the driver before Ray has noticed the death. Such a peer error is not
+        the cause, and only a death can be recovered from (``trainer.max_restarts``), so the
+        other ranks get a short grace to report one.
+        """
+        if isinstance(err, RayActorError) or isinstance(getattr(err, "cause", None), MMRLError):
+            return rank, err
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=PEER_DEATH_GRACE_S)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError as death:
+                return rank_of[ref], death
+            except RayError:
+                pass
+        return rank, err
 
     def _failure(self, rank: int, what: str, err: RayError) -> Exception:
         """The error to raise for rank ``rank``'s failure; the group is stopped either way.
