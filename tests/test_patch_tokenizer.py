@@ -1,10 +1,13 @@
-"""The patch tokenizer keeps what does not move: one code per patch, from that patch alone."""
+"""The patch tokenizers keep what does not move: one code per patch, from that patch alone."""
+
+import json
 
 import numpy as np
 import torch
 
 from mmrl.worldmodel.data import TrajectoryDataset, generate_dataset
 from mmrl.worldmodel.envs import ActionSpec
+from mmrl.worldmodel.patch_kmeans import PatchKMeansModel
 from mmrl.worldmodel.patch_vq import PatchVQModel
 from mmrl.worldmodel.pretrain import weighted_lm_loss
 from mmrl.worldmodel.pretrain_data import changed_tokens
@@ -83,3 +86,40 @@ def test_changed_tokens_mark_what_differs_from_the_frame_before_and_weights_keep
     torch.testing.assert_close(mean, model(input_ids=ids, labels=labels).loss)
     weighted = weighted_lm_loss(model, ids, labels, 1.0 + 9.0 * changed.float())
     assert not torch.isclose(weighted, mean)
+
+
+def distinct_patches(frames: np.ndarray, patch: int) -> int:
+    n, h, w, _ = frames.shape
+    blocks = frames.reshape(n, h // patch, patch, w // patch, patch, 3).transpose(0, 1, 3, 2, 4, 5)
+    return len(np.unique(blocks.reshape(-1, patch * patch * 3), axis=0))
+
+
+def test_kmeans_codes_reconstruct_every_patch_of_a_rendered_world_exactly(tmp_path):
+    """Push-world discs sit at any pixel; a learned 128-code VQ blurs them (docs/worldmodel.md).
+    With at least one code per distinct patch, k-means codes are the patches themselves."""
+    data = generate_dataset("push", 12, 8, tmp_path / "data", seed=0, progress=False)
+    train = np.concatenate(list(TrajectoryDataset(data).frames()))
+    distinct = distinct_patches(train, 4)
+    assert 64 < distinct < 512  # more than a small codebook holds, fewer than this one
+    cfg = VQConfig(kind="kmeans", codebook_size=512)
+    tok = train_vq_tokenizer(data, tmp_path / "tok", cfg=cfg, progress=False)
+    assert isinstance(tok.model, PatchKMeansModel) and tok.grid == (8, 8)
+    codes = tok.encode(train)
+    np.testing.assert_array_equal(tok.decode(codes), train)
+    assert len(np.unique(codes)) == distinct  # the spare codes are never assigned
+    # A code reads its own patch only: what does not move keeps its code.
+    moved = (train[1:8] != train[:7]).any(-1).reshape(7, 8, 4, 8, 4).any((2, 4))
+    np.testing.assert_array_equal(codes[1:8] != codes[:7], moved)
+    record = json.loads((tmp_path / "tok" / "mmrl_cache.json").read_text())
+    assert record["distinct_patches"] == distinct and record["psnr"] == 60.0
+    again = VQTokenizer.from_pretrained(tmp_path / "tok")
+    assert isinstance(again.model, PatchKMeansModel)
+    np.testing.assert_array_equal(again.encode(train), codes)
+    # Fewer codes than distinct patches: each patch goes to its nearest centre, and a small
+    # codebook loses detail, never whole frames.
+    small = train_vq_tokenizer(
+        data, tmp_path / "small", cfg=VQConfig(kind="kmeans", codebook_size=64), progress=False
+    )
+    assert len(np.unique(small.encode(train))) == 64
+    err = np.abs(small.decode(small.encode(train)).astype(int) - train).mean()
+    assert 0 < err < 0.5 * np.abs(train.astype(int) - train.mean((0, 1, 2))).mean()

@@ -31,7 +31,24 @@ class PatchDecoded:
     sample: torch.Tensor
 
 
-class PatchVQModel(ModelMixin, ConfigMixin):
+class PatchCodes:
+    """``encode``/``decode`` in ``VQModel``'s shape for a model whose ``encoder`` maps a frame
+    to one latent per patch, ``decoder`` maps latents back, and ``quantize`` holds the codes."""
+
+    encoder: nn.Module
+    decoder: nn.Module
+    quantize: VectorQuantizer
+
+    def encode(self, x: torch.Tensor) -> PatchLatents:
+        return PatchLatents(self.encoder(x))
+
+    def decode(self, z: torch.Tensor, force_not_quantize: bool = True) -> PatchDecoded:
+        if not force_not_quantize:
+            z = self.quantize(z)[0]
+        return PatchDecoded(self.decoder(z))
+
+
+class PatchVQModel(PatchCodes, ModelMixin, ConfigMixin):
     """Frames ``[N, 3, H, W]`` in [-1, 1] <-> one code per ``patch x patch`` block."""
 
     @register_to_config
@@ -60,11 +77,3 @@ class PatchVQModel(ModelMixin, ConfigMixin):
             nn.SiLU(),
             nn.ConvTranspose2d(hidden_channels, 3, patch, stride=patch),
         )
-
-    def encode(self, x: torch.Tensor) -> PatchLatents:
-        return PatchLatents(self.encoder(x))
-
-    def decode(self, z: torch.Tensor, force_not_quantize: bool = True) -> PatchDecoded:
-        if not force_not_quantize:
-            z = self.quantize(z)[0]
-        return PatchDecoded(self.decoder(z))

@@ -22,6 +22,7 @@ import torch
 from diffusers import VQModel
 
 from mmrl.worldmodel import frames as F
+from mmrl.worldmodel.patch_kmeans import PatchKMeansModel, fit_kmeans
 from mmrl.worldmodel.patch_vq import PatchVQModel
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,9 @@ logger = logging.getLogger(__name__)
 class VQConfig:
     """Architecture of the tokenizer."""
 
-    kind: str = "conv"  # conv: diffusers VQModel; patch: PatchVQModel, one code per patch only
+    # conv: diffusers VQModel; patch: PatchVQModel, one code per patch only; kmeans:
+    # PatchKMeansModel, a code is a k-means centre of the training patches' pixels
+    kind: str = "conv"
     codebook_size: int = 128
     embed_dim: int = 16
     latent_channels: int = 16
@@ -40,6 +43,8 @@ class VQConfig:
     layers_per_block: int = 1
     norm_num_groups: int = 8
     hidden_channels: int = 128  # patch kind only: width of its 1x1 layers
+    kmeans_iterations: int = 50  # kmeans kind only: Lloyd's iterations at most
+    kmeans_patches: int = 262144  # kmeans kind only: training patches drawn for the fit
 
 
 def auto_channels(shape: tuple[int, int], max_tokens: int) -> list[int]:
@@ -74,8 +79,8 @@ class AETrainConfig:
 def build_vq_model(cfg: VQConfig, shape: int | tuple[int, int]) -> VQModel:
     """A VQ model for ``shape = (H, W)`` frames (an int: square); ``sample_size`` records it."""
     shape = (shape, shape) if isinstance(shape, int) else (int(shape[0]), int(shape[1]))
-    if cfg.kind not in ("conv", "patch"):
-        raise ValueError(f"tokenizer.model.kind must be conv or patch, found {cfg.kind!r}")
+    if cfg.kind not in ("conv", "patch", "kmeans"):
+        raise ValueError(f"tokenizer.model.kind must be conv, patch or kmeans, found {cfg.kind!r}")
     channels = cfg.block_out_channels or auto_channels(shape, cfg.max_tokens_per_frame)
     n = len(channels)
     factor = 2 ** (n - 1)
@@ -84,6 +89,13 @@ def build_vq_model(cfg: VQConfig, shape: int | tuple[int, int]) -> VQModel:
         raise ValueError(
             f"{shape[0]}x{shape[1]} frames are not divisible by the tokenizer's {factor}x "
             "downsampling; set data.resize/data.crop or other tokenizer.model.block_out_channels"
+        )
+    if cfg.kind == "kmeans":
+        return PatchKMeansModel(
+            patch=factor,
+            num_vq_embeddings=cfg.codebook_size,
+            vq_embed_dim=3 * factor * factor,
+            sample_size=sample_size,
         )
     if cfg.kind == "patch":
         return PatchVQModel(
@@ -112,13 +124,13 @@ def build_vq_model(cfg: VQConfig, shape: int | tuple[int, int]) -> VQModel:
 class VQTokenizer:
     """Frames <-> token grids with a trained ``VQModel`` (CPU, float32, no grad)."""
 
-    def __init__(self, model: VQModel | PatchVQModel) -> None:
+    def __init__(self, model: VQModel | PatchVQModel | PatchKMeansModel) -> None:
         self.model = model.eval()
         cfg = model.config
         self.codebook_size = int(cfg.num_vq_embeddings)
         size = cfg.sample_size
         self.frame_shape = (int(size), int(size)) if isinstance(size, int) else tuple(size)
-        if isinstance(model, PatchVQModel):
+        if isinstance(model, PatchVQModel | PatchKMeansModel):
             factor = int(cfg.patch)
         else:
             factor = 2 ** (len(cfg.block_out_channels) - 1)
@@ -128,7 +140,8 @@ class VQTokenizer:
     @classmethod
     def from_pretrained(cls, path: str | Path) -> VQTokenizer:
         config = json.loads((Path(path) / "config.json").read_text())
-        kind = PatchVQModel if config.get("_class_name") == PatchVQModel.__name__ else VQModel
+        patch_kinds = {k.__name__: k for k in (PatchVQModel, PatchKMeansModel)}
+        kind = patch_kinds.get(config.get("_class_name"), VQModel)
         return cls(kind.from_pretrained(str(path), low_cpu_mem_usage=False))
 
     def save_pretrained(self, path: str | Path) -> None:
@@ -203,7 +216,13 @@ def train_vq_tokenizer(
     torch.manual_seed(train.seed)
     tok = VQTokenizer(build_vq_model(cfg, frames.shape[1:3]))
     start = time.perf_counter()
-    losses = _fit(tok, frames, train, progress)
+    if cfg.kind == "kmeans":
+        fit = fit_kmeans(
+            tok.model, frames, cfg.kmeans_iterations, cfg.kmeans_patches, train.seed, progress
+        )
+        losses = []
+    else:
+        fit, losses = {}, _fit(tok, frames, train, progress)
     tok.model.eval()
     sample = frames[np.random.default_rng(train.seed).permutation(len(frames))[:512]]
     recon = tok.decode(tok.encode(sample))
@@ -212,8 +231,9 @@ def train_vq_tokenizer(
         "psnr": F.psnr(recon, sample),
         "psnr_mean_frame": F.psnr(mean_frame, sample),
         "codes_used": int(len(np.unique(tok.encode(sample)))),
-        "final_loss": float(np.mean(losses[-20:])),
+        **({"final_loss": float(np.mean(losses[-20:]))} if losses else {}),
         "train_time_s": time.perf_counter() - start,
+        **fit,
     }
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(out_dir)
