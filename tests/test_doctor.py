@@ -240,7 +240,9 @@ def test_error_growth_is_named_from_the_evaluations_own_per_step_scores():
     assert check_worldmodel(rl_table([12.0] * 4), DoctorConfig()) == []
 
 
-@pytest.mark.slow
+# Bench tier (CI's time budget): the default tier checks the same rule on recorded metrics
+# (test_worldmodel_repetition_and_error_growth_are_named).
+@pytest.mark.bench
 def test_world_model_rewarded_for_standing_still_is_named_repetition(
     tmp_path, capsys, small_token_wm_cache
 ):

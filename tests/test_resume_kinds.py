@@ -16,7 +16,6 @@ from tests.conftest import run_overrides
 from tests.test_checkpoint import comparable
 from tests.test_resume_exact import KEYS, history, overrides
 
-pytestmark = pytest.mark.slow
 KILL_ENV = "MMRL_TEST_KILL_AT"
 SCHEDULE = ("trainer.total_steps=5", "trainer.save_freq=2", "trainer.test_freq=2")
 
@@ -42,6 +41,9 @@ def assert_resumes_exactly(tmp_path: Path, *extra: str, val_key: str) -> Path:
     return resumed
 
 
+# Bench tier (CI's time budget): a token world model's checkpoint is a text LM's plus its fixed
+# tokenizer, whose resume the other kinds here and test_resume_exact.py cover.
+@pytest.mark.bench
 def test_token_world_model_run_killed_between_steps_continues_exactly(tmp_path):
     pre = "++task.pretrain."
     resumed = assert_resumes_exactly(
@@ -73,6 +75,7 @@ def test_token_world_model_run_killed_between_steps_continues_exactly(tmp_path):
     assert (resumed / "global_step_4" / "actor" / "config.json").is_file()
 
 
+@pytest.mark.slow
 def test_vlm_run_on_a_users_parquet_killed_between_steps_continues_exactly(tmp_path):
     from mmrl.models.tiny_vlm import build_tiny_qwen2_vl
     from tests.test_vlm_fit import counting_parquet
@@ -99,6 +102,7 @@ def test_vlm_run_on_a_users_parquet_killed_between_steps_continues_exactly(tmp_p
     assert (resumed / "global_step_4" / "actor" / "processor_config.json").is_file()
 
 
+@pytest.mark.slow
 def test_vllm_engine_run_resumes_exactly(tmp_path, warm_model_dir):
     """The engine samples each row with the row's own seed, and the loaded weights are synced
     into it before the first rollout: a vLLM run resumes exactly too. (Two workers' engines

@@ -58,7 +58,8 @@ def test_grpo_beats_its_warm_start_on_visual_comparison_test_images(tmp_path):
     assert gain > 0 and gain >= 3 * se, (gain, se)
 
 
-@pytest.mark.slow
+# Bench tier (CI's time budget): docs/benchmarks.md runs this recipe over seeds.
+@pytest.mark.bench
 def test_visual_counting_sft_then_grpo(tmp_path):
     """SFT warm-up then 4 GRPO steps, end to end: on 512 test images (drawn apart from training
     and validation) the warm-up's greedy answers count above chance (1 in 5) by at least 3

@@ -291,7 +291,9 @@ def small_pretraining(cache_dir: Path) -> tuple[str, ...]:
     )
 
 
-@pytest.mark.slow
+# Bench tier (CI's time budget): docs/benchmarks.md runs this recipe over seeds; CI keeps a
+# token world model's RL gain on recorded videos (test_worldmodel_videos_e2e.py).
+@pytest.mark.bench
 def test_grpo_beats_its_pretrained_start_on_test_windows(tmp_path, small_token_wm_cache):
     """The whole recipe, small and with a fixed seed: data, tokenizer, MLE pretraining to a
     fixed budget, GRPO with -(MAE + LPIPS), then base vs RL on 96 test windows that neither
