@@ -9,10 +9,12 @@ import pytest
 from tests.video_data import EPISODES, FRAMES, PRETRAIN, SHAPE, train_args, write_episodes
 
 # RL must lower the test split's sampled LPIPS by more than the seed-to-seed spread of that
-# change: 0.0019, the sample std of RL - base over RL seeds 0, 1, 2 (-0.0052, -0.0030,
-# -0.0067; benchmarks/results/worldmodel_videos.json, docs/benchmarks.md). Greedy decoding
-# does not improve in this small recipe (+0.0057 ± 0.0015), so it is not asserted.
-LPIPS_MARGIN = 0.0019
+# change: 0.0024, the sample std of RL - base over RL seeds 0, 1, 2 (-0.0025, +0.0003,
+# -0.0044; benchmarks/results/worldmodel_videos.json, docs/benchmarks.md). Seed 0 clears it
+# by 0.0001 at one thread: this recipe's RL gain is about its spread, so the assertion
+# holds for this recipe at this seed, and is the first to replace with a sturdier recipe.
+# Greedy decoding gets worse in this small recipe (+0.0159 ± 0.0106), so it is not asserted.
+LPIPS_MARGIN = 0.0024
 
 
 def listing(folder):

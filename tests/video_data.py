@@ -31,7 +31,8 @@ PRETRAIN = [
 RL = [
     # The precision and row layout the margin was measured with; on a CPU with bf16
     # instructions auto would train in bf16, and one seed's small LPIPS gain is not robust to
-    # that rounding (seed 0 measured +0.0030 in bf16 with packed rows, -0.0052 in fp32).
+    # that rounding (on a CPU with bf16, seed 0 measured +0.0030 in bf16 with packed rows and
+    # -0.0052 in fp32, from an earlier pretrained start).
     "trainer.mixed_precision=fp32",
     "actor_rollout_ref.model.remove_padding=false",
     "data.max_response_length=96",
