@@ -11,6 +11,7 @@ from transformers import LogitsProcessorList
 
 from mmrl.models import get_family
 from mmrl.models.decode import decode_rows
+from mmrl.models.kv_cache import LONG_SEQUENCE
 from mmrl.models.text_lm import transformers_generate
 from mmrl.processors import TextProcessor
 from mmrl.rollout.module import ModuleRollout
@@ -44,8 +45,10 @@ def rollout(lm, sampling: SamplingParams, drops_finished_rows: bool):
     [
         SamplingParams(max_tokens=12, temperature=0.9, top_k=5, seed=1, min_tokens=2),
         SamplingParams(max_tokens=12, do_sample=False),
+        # room for LONG_SEQUENCE positions: the in-place cache, rows leaving it as they stop
+        SamplingParams(max_tokens=LONG_SEQUENCE, temperature=0.9, seed=2, min_tokens=2),
     ],
-    ids=["sampled", "greedy"],
+    ids=["sampled", "greedy", "sampled-long"],
 )
 def test_decode_rows_samples_what_generate_samples(lm, sampling):
     # Digits and EOS only, and "1" stops a row too, so that rows stop at different steps.

@@ -8,15 +8,17 @@ processors still see the whole batch, finished rows with pad tokens, so a proces
 per-row state (row seeds, teacher-forced tokens) keeps its meaning.
 
 A GRPO batch holds each prompt once per sample: the prompt pass runs each distinct prompt
-once, and its keys and values are copied to the rows that share it.
+once, and its keys and values are copied to the rows that share it. The cache appends each
+step in place (:mod:`mmrl.models.kv_cache`).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import DynamicCache, LogitsProcessorList
+from transformers import LogitsProcessorList
 
+from mmrl.models.kv_cache import decoding_cache
 from mmrl.models.prompt_sharing import prompt_groups
 
 
@@ -45,7 +47,7 @@ def decode_rows(
     batch = input_ids.shape[0]
     stops = torch.tensor(sorted(stop_ids), device=input_ids.device)
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
+    cache = decoding_cache(model, input_ids.shape[1] + max_new_tokens)
     first, copies = distinct_rows(input_ids, attention_mask)
     logits = model(
         input_ids=input_ids[first],

@@ -21,6 +21,7 @@ import torch
 from transformers import PreTrainedModel
 
 from mmrl.errors import CheckpointError, DataError
+from mmrl.models.kv_cache import decoding_cache
 from mmrl.verifiers.repetition import DEFAULT_TAU, repetition_rate
 from mmrl.worldmodel.envs import frame_state_match, make_env
 from mmrl.worldmodel.lm_init import TOKENIZER_SUBDIR  # a checkpoint carries its VQ tokenizer here
@@ -66,7 +67,8 @@ def generate(
     model.eval()
     out = []
     for s in range(0, len(prompts), batch_size):
-        ids, past, chunk = prompts[s : s + batch_size], None, []
+        ids, chunk = prompts[s : s + batch_size], []
+        past = decoding_cache(model, prompts.shape[1] + processor.response_length)
         for step in range(processor.response_length):
             result = model(input_ids=ids, past_key_values=past, use_cache=True)
             past = result.past_key_values
