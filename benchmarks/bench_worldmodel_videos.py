@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.results import machine
 from tests.video_data import EPISODES, FRAMES, PRETRAIN, SHAPE, train_args, write_episodes
 
 KEYS = ("psnr", "lpips", "ssim", "repetition")
@@ -34,6 +35,11 @@ def main() -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", type=Path, default=Path("outputs/bench_wm_videos"))
     p.add_argument("--json", type=Path, default=Path("benchmarks/results/worldmodel_videos.json"))
+    p.add_argument(
+        "--rl",
+        default="",
+        help="space-separated overrides added to every RL run's `mmrl train` (a recipe variant)",
+    )
     args = p.parse_args()
     videos = args.out / "videos"
     if not videos.exists():
@@ -46,9 +52,10 @@ def main() -> int:
     pretrain_s = time.perf_counter() - start
     runs = {}
     for seed in args.seeds:
-        run = args.out / f"seed{seed}"
+        variant = "".join(c if c.isalnum() or c in ".-" else "_" for c in args.rl)
+        run = args.out / (f"seed{seed}-{variant}" if variant else f"seed{seed}")
         start = time.perf_counter()
-        assert mmrl(train_args(videos, pre, run, seed)) == 0
+        assert mmrl([*train_args(videos, pre, run, seed), *args.rl.split()]) == 0
         table = json.loads((run / "worldmodel_eval.json").read_text())
         lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         steps = [m["timing_s/step"] for m in lines if "timing_s/step" in m]
@@ -71,7 +78,8 @@ def main() -> int:
             summary[f"rl-base/{decoding}/{key}"] = _stats(diffs)
     result = {
         "command": "OMP_NUM_THREADS=1 python -m benchmarks.bench_worldmodel_videos "
-        f"--seeds {' '.join(map(str, args.seeds))}",
+        f"--seeds {' '.join(map(str, args.seeds))}" + (f" --rl '{args.rl}'" if args.rl else ""),
+        "machine": machine(),
         "pretrain_wall_time_s": pretrain_s,
         "summary": summary,
         "runs": {str(s): r for s, r in runs.items()},

@@ -9,12 +9,12 @@ import pytest
 from tests.video_data import EPISODES, FRAMES, PRETRAIN, SHAPE, train_args, write_episodes
 
 # RL must lower the test split's sampled LPIPS by more than the seed-to-seed spread of that
-# change: 0.0024, the sample std of RL - base over RL seeds 0, 1, 2 (-0.0025, +0.0003,
-# -0.0044; benchmarks/results/worldmodel_videos.json, docs/benchmarks.md). Seed 0 clears it
-# by 0.0001 at one thread: this recipe's RL gain is about its spread, so the assertion
-# holds for this recipe at this seed, and is the first to replace with a sturdier recipe.
-# Greedy decoding gets worse in this small recipe (+0.0159 ± 0.0106), so it is not asserted.
-LPIPS_MARGIN = 0.0024
+# change: 0.0030, the sample std of RL - base over RL seeds 0-4 (-0.0141, -0.0079, -0.0072,
+# -0.0121, -0.0084; benchmarks/results/worldmodel_videos.json, docs/benchmarks.md). On two
+# other pretrained starts (pretraining seeds 1 and 2) RL seed 0 gained 0.0125 and 0.0064, so
+# the claim does not hang on one start. Greedy LPIPS is not asserted: it improved by
+# 0.0049 ± 0.0044, less than twice its spread.
+LPIPS_MARGIN = 0.0030
 
 
 def listing(folder):
