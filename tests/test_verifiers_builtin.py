@@ -14,6 +14,7 @@ from mmrl.verifiers import (
     register_task_score,
     to_unit_float,
 )
+from mmrl.verifiers.image import ssim_per_frame
 from mmrl.verifiers.reasoning import extract_answer, math_equal
 
 
@@ -89,6 +90,19 @@ def test_frame_metrics_match_numpy_references(name, ref):
         rtol=1e-4,
         atol=1e-5,
     )
+
+
+@pytest.mark.parametrize("shape", [(11, 11), (48, 64), (64, 64), (33, 20)])
+def test_ssim_is_torchmetrics_ssim(shape):
+    """The banded-matrix Gaussian filter computes torchmetrics' SSIM (its defaults)."""
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
+    gen = torch.Generator().manual_seed(0)
+    gt = torch.rand(6, 3, *shape, generator=gen)
+    pred = (gt + 0.2 * torch.randn(gt.shape, generator=gen)).clamp(0, 1)
+    pred[0] = gt[0]  # identical frames: SSIM 1
+    want = structural_similarity_index_measure(pred, gt, data_range=1.0, reduction="none")
+    torch.testing.assert_close(ssim_per_frame(pred, gt), want, rtol=0, atol=1e-6)
 
 
 def test_uint8_and_float_frames_give_the_same_scores():
