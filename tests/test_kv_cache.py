@@ -69,6 +69,26 @@ def test_crop_and_repeat_keep_the_cache_consistent():
 def test_long_sequences_of_full_attention_models_get_the_growing_cache():
     full = tiny_lm()
     sliding = tiny_lm(use_sliding_window=True, sliding_window=4, max_window_layers=0)
-    assert isinstance(decoding_cache(full, LONG_SEQUENCE), GrowingCache)
-    assert not isinstance(decoding_cache(full, LONG_SEQUENCE - 1), GrowingCache)
-    assert not isinstance(decoding_cache(sliding, LONG_SEQUENCE), GrowingCache)
+    with decoding_cache(full, LONG_SEQUENCE) as cache:
+        assert isinstance(cache, GrowingCache)
+    for model, capacity in ((full, LONG_SEQUENCE - 1), (sliding, LONG_SEQUENCE)):
+        with decoding_cache(model, capacity) as cache:
+            assert not isinstance(cache, GrowingCache)
+
+
+def test_bf16_decoding_attends_in_fp32_and_samples_what_sdpa_samples():
+    """A bf16 model's cache holds fp32 on the CPU, and its one-query steps attend in fp32
+    (mmrl.models.decode_attention): the logits agree with bf16 SDPA to bf16 rounding."""
+    model = tiny_lm().to(torch.bfloat16)
+    prompts = torch.randint(0, 50, (3, 7))
+    want = greedy(model, DynamicCache(config=model.config), prompts, 12)
+    with decoding_cache(model, LONG_SEQUENCE) as cache:
+        assert model.config._attn_implementation != "sdpa"
+        got = greedy(model, cache, prompts, 12)
+    assert model.config._attn_implementation == "sdpa"  # restored
+    assert cache.layers[0].keys.dtype == torch.float32
+    assert all(torch.equal(a, b) for a, b in zip(want[0], got[0], strict=True))
+    worst = max(
+        (a.float() - b.float()).abs().max() for a, b in zip(*(want[1], got[1]), strict=True)
+    )
+    assert worst < 0.05, worst  # bf16 logits of magnitude ~1 round at 2**-8

@@ -8,8 +8,8 @@ processors still see the whole batch, finished rows with pad tokens, so a proces
 per-row state (row seeds, teacher-forced tokens) keeps its meaning.
 
 A GRPO batch holds each prompt once per sample: the prompt pass runs each distinct prompt
-once, and its keys and values are copied to the rows that share it. The cache appends each
-step in place (:mod:`mmrl.models.kv_cache`).
+once, and its keys and values are copied to the rows that share it. The cache of a long
+sequence appends each step in place (:mod:`mmrl.models.kv_cache`).
 """
 
 from __future__ import annotations
@@ -44,53 +44,53 @@ def decode_rows(
     left-padded; positions count its real tokens from 0. Without ``keep_scores`` the list is
     empty (a sampler that keeps its own scores spares a [B, V] copy per step).
     """
-    batch = input_ids.shape[0]
-    stops = torch.tensor(sorted(stop_ids), device=input_ids.device)
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    cache = decoding_cache(model, input_ids.shape[1] + max_new_tokens)
-    first, copies = distinct_rows(input_ids, attention_mask)
-    logits = model(
-        input_ids=input_ids[first],
-        attention_mask=attention_mask[first],
-        position_ids=positions[first],
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    ).logits[:, -1]
-    if len(first) < batch:
-        cache.batch_select_indices(copies)
-        logits = logits[copies]
-    live = torch.arange(batch, device=input_ids.device)  # the rows the cache holds, in order
-    mask, position = attention_mask, positions[:, -1:]
-    done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
-    sequences, scores = input_ids, []
-    for step in range(max_new_tokens):
-        step_scores = logits.new_zeros(batch, logits.shape[-1], dtype=torch.float32)
-        step_scores[live] = logits.float()
-        if step < min_new_tokens:
-            step_scores[:, stops] = float("-inf")
-        step_scores = processors(sequences, step_scores)
-        tokens = torch.where(done, pad_id, step_scores.argmax(-1))
-        if keep_scores:
-            scores.append(step_scores)
-        sequences = torch.cat([sequences, tokens[:, None]], dim=1)
-        done |= torch.isin(tokens, stops)
-        if bool(done.all()) or step == max_new_tokens - 1:
-            break
-        keep = (~done[live]).nonzero().squeeze(-1)
-        if len(keep) < len(live):
-            cache.batch_select_indices(keep)
-            live, mask, position = live[keep], mask[keep], position[keep]
-        mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
-        position = position + 1
+    with decoding_cache(model, input_ids.shape[1] + max_new_tokens) as cache:
+        batch = input_ids.shape[0]
+        stops = torch.tensor(sorted(stop_ids), device=input_ids.device)
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        first, copies = distinct_rows(input_ids, attention_mask)
         logits = model(
-            input_ids=tokens[live, None],
-            attention_mask=mask,
-            position_ids=position,
+            input_ids=input_ids[first],
+            attention_mask=attention_mask[first],
+            position_ids=positions[first],
             past_key_values=cache,
             use_cache=True,
+            logits_to_keep=1,
         ).logits[:, -1]
-    return sequences, scores
+        if len(first) < batch:
+            cache.batch_select_indices(copies)
+            logits = logits[copies]
+        live = torch.arange(batch, device=input_ids.device)  # the rows the cache holds, in order
+        mask, position = attention_mask, positions[:, -1:]
+        done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
+        sequences, scores = input_ids, []
+        for step in range(max_new_tokens):
+            step_scores = logits.new_zeros(batch, logits.shape[-1], dtype=torch.float32)
+            step_scores[live] = logits.float()
+            if step < min_new_tokens:
+                step_scores[:, stops] = float("-inf")
+            step_scores = processors(sequences, step_scores)
+            tokens = torch.where(done, pad_id, step_scores.argmax(-1))
+            if keep_scores:
+                scores.append(step_scores)
+            sequences = torch.cat([sequences, tokens[:, None]], dim=1)
+            done |= torch.isin(tokens, stops)
+            if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            keep = (~done[live]).nonzero().squeeze(-1)
+            if len(keep) < len(live):
+                cache.batch_select_indices(keep)
+                live, mask, position = live[keep], mask[keep], position[keep]
+            mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
+            position = position + 1
+            logits = model(
+                input_ids=tokens[live, None],
+                attention_mask=mask,
+                position_ids=position,
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
+        return sequences, scores
 
 
 def distinct_rows(

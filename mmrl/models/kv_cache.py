@@ -6,15 +6,21 @@ T tokens the copies grow as T squared. On a world model's responses (4 frames of
 after a 136-token prompt) those copies took a third of the sampling time on a CPU.
 :class:`GrowingCache` keeps each layer's keys and values in a buffer with room to spare,
 writes a step into it, and hands attention a view of the filled part; the buffer doubles
-when it is full, so the copies are amortised. The attention inputs are the same values as
-``DynamicCache``'s, so the results are too.
+when it is full, so the copies are amortised. On a CPU the buffer holds fp32 whatever the
+model computes in: a bf16 model's keys and values convert exactly, and its one-query steps
+then attend in fp32 without a conversion per step (:mod:`mmrl.models.decode_attention`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+from mmrl.models.decode_attention import cpu_decode_attention
 
 # Below this many positions concatenating is cheaper: attention reads a view of the buffer
 # more slowly than a compact tensor, and the addition task's responses (at most 32 tokens)
@@ -79,8 +85,11 @@ class GrowingLayer(DynamicLayer):
 
     def _reserve(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
         batch, heads, _, dim = keys.shape
-        key_buffer = keys.new_empty(batch, heads, capacity, dim)
-        value_buffer = values.new_empty(batch, values.shape[1], capacity, values.shape[-1])
+        dtype = torch.float32 if keys.device.type == "cpu" else keys.dtype
+        key_buffer = keys.new_empty(batch, heads, capacity, dim, dtype=dtype)
+        value_buffer = values.new_empty(
+            batch, values.shape[1], capacity, values.shape[-1], dtype=dtype
+        )
         if self.length:
             key_buffer[..., : self.length, :] = self.keys
             value_buffer[..., : self.length, :] = self.values
@@ -101,12 +110,19 @@ class GrowingCache(DynamicCache):
         self.layer_class_to_replicate = None
 
 
-def decoding_cache(model: torch.nn.Module, capacity: int) -> DynamicCache:
-    """The cache to decode ``model`` with, for sequences of up to ``capacity`` positions: a
-    :class:`GrowingCache` for long sequences whose layers all attend to the whole sequence,
-    else transformers' own."""
+@contextmanager
+def decoding_cache(model: torch.nn.Module, capacity: int) -> Iterator[DynamicCache]:
+    """The cache to decode ``model`` with, for sequences of up to ``capacity`` positions.
+
+    Long sequences whose layers all attend to the whole sequence get a :class:`GrowingCache`,
+    and within the block their one-query steps in bf16 or fp16 on a CPU take
+    :func:`~mmrl.models.decode_attention.one_query_attention` (torch's SDPA is slow there).
+    Anything else gets transformers' own cache and attention.
+    """
     config = model.config.get_text_config(decoder=True)
     types = getattr(config, "layer_types", None) or ["full_attention"]
-    if capacity >= LONG_SEQUENCE and all(t == "full_attention" for t in types):
-        return GrowingCache(config.num_hidden_layers, capacity)
-    return DynamicCache(config=model.config)
+    if capacity < LONG_SEQUENCE or any(t != "full_attention" for t in types):
+        yield DynamicCache(config=model.config)
+        return
+    with cpu_decode_attention(model):
+        yield GrowingCache(config.num_hidden_layers, capacity)

@@ -68,19 +68,21 @@ def generate(
     out = []
     for s in range(0, len(prompts), batch_size):
         ids, chunk = prompts[s : s + batch_size], []
-        past = decoding_cache(model, prompts.shape[1] + processor.response_length)
-        for step in range(processor.response_length):
-            result = model(input_ids=ids, past_key_values=past, use_cache=True)
-            past = result.past_key_values
-            logits = result.logits[:, -1].float().masked_fill(~allowed, float("-inf"))
-            if greedy:
-                ids = logits.argmax(-1, keepdim=True)
-            else:
-                ids = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)
-            if forced is not None:
-                want = forced[s : s + batch_size, step : step + 1]
-                ids = torch.where(want >= 0, want, ids)
-            chunk.append(ids)
+        with decoding_cache(model, prompts.shape[1] + processor.response_length) as past:
+            for step in range(processor.response_length):
+                result = model(input_ids=ids, past_key_values=past, use_cache=True)
+                past = result.past_key_values
+                logits = result.logits[:, -1].float().masked_fill(~allowed, float("-inf"))
+                if greedy:
+                    ids = logits.argmax(-1, keepdim=True)
+                else:
+                    ids = torch.multinomial(
+                        torch.softmax(logits / temperature, -1), 1, generator=gen
+                    )
+                if forced is not None:
+                    want = forced[s : s + batch_size, step : step + 1]
+                    ids = torch.where(want >= 0, want, ids)
+                chunk.append(ids)
         out.append(torch.cat(chunk, dim=1))
     model.train(was_training)
     return torch.cat(out)
