@@ -6,9 +6,10 @@ T tokens the copies grow as T squared. On a world model's responses (4 frames of
 after a 136-token prompt) those copies took a third of the sampling time on a CPU.
 :class:`GrowingCache` keeps each layer's keys and values in a buffer with room to spare,
 writes a step into it, and hands attention a view of the filled part; the buffer doubles
-when it is full, so the copies are amortised. On a CPU the buffer holds fp32 whatever the
-model computes in: a bf16 model's keys and values convert exactly, and its one-query steps
-then attend in fp32 without a conversion per step (:mod:`mmrl.models.decode_attention`).
+when it is full, so the copies are amortised. :func:`decoding_cache` keeps it in fp32 on a
+CPU whatever the model computes in: a bf16 model's keys and values convert exactly, and its
+one-query steps then attend in fp32 without a conversion per step
+(:mod:`mmrl.models.decode_attention`).
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ LONG_SEQUENCE = 192
 
 class GrowingLayer(DynamicLayer):
     """One layer's keys and values ``[B, heads, length, head_dim]``, views of a buffer of
-    ``capacity >= length`` positions."""
+    ``capacity >= length`` positions, held in ``dtype`` (None: the keys' own)."""
 
-    def __init__(self, capacity: int = 256) -> None:
+    def __init__(self, capacity: int = 256, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.capacity, self.length = capacity, 0
+        self.capacity, self.length, self.dtype_held = capacity, 0, dtype
         self.key_buffer: torch.Tensor | None = None
         self.value_buffer: torch.Tensor | None = None
 
@@ -85,7 +86,7 @@ class GrowingLayer(DynamicLayer):
 
     def _reserve(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
         batch, heads, _, dim = keys.shape
-        dtype = torch.float32 if keys.device.type == "cpu" else keys.dtype
+        dtype = self.dtype_held or keys.dtype
         key_buffer = keys.new_empty(batch, heads, capacity, dim, dtype=dtype)
         value_buffer = values.new_empty(
             batch, values.shape[1], capacity, values.shape[-1], dtype=dtype
@@ -104,9 +105,11 @@ class GrowingCache(DynamicCache):
     """``DynamicCache`` with :class:`GrowingLayer` layers: appending a step costs that step,
     not the cache. Room for ``capacity`` positions is reserved on the first write."""
 
-    def __init__(self, num_layers: int, capacity: int = 256) -> None:
+    def __init__(
+        self, num_layers: int, capacity: int = 256, dtype: torch.dtype | None = None
+    ) -> None:
         super().__init__()
-        self.layers = [GrowingLayer(capacity) for _ in range(num_layers)]
+        self.layers = [GrowingLayer(capacity, dtype) for _ in range(num_layers)]
         self.layer_class_to_replicate = None
 
 
@@ -124,5 +127,6 @@ def decoding_cache(model: torch.nn.Module, capacity: int) -> Iterator[DynamicCac
     if capacity < LONG_SEQUENCE or any(t != "full_attention" for t in types):
         yield DynamicCache(config=model.config)
         return
+    on_cpu = next(model.parameters()).device.type == "cpu"
     with cpu_decode_attention(model):
-        yield GrowingCache(config.num_hidden_layers, capacity)
+        yield GrowingCache(config.num_hidden_layers, capacity, torch.float32 if on_cpu else None)
