@@ -88,7 +88,5 @@ def test_bf16_decoding_attends_in_fp32_and_samples_what_sdpa_samples():
     assert model.config._attn_implementation == "sdpa"  # restored
     assert cache.layers[0].keys.dtype == torch.float32
     assert all(torch.equal(a, b) for a, b in zip(want[0], got[0], strict=True))
-    worst = max(
-        (a.float() - b.float()).abs().max() for a, b in zip(*(want[1], got[1]), strict=True)
-    )
+    worst = max((a.float() - b.float()).abs().max() for a, b in zip(want[1], got[1], strict=True))
     assert worst < 0.05, worst  # bf16 logits of magnitude ~1 round at 2**-8

@@ -71,7 +71,6 @@ def generate(
         with decoding_cache(model, prompts.shape[1] + processor.response_length) as past:
             for step in range(processor.response_length):
                 result = model(input_ids=ids, past_key_values=past, use_cache=True)
-                past = result.past_key_values
                 logits = result.logits[:, -1].float().masked_fill(~allowed, float("-inf"))
                 if greedy:
                     ids = logits.argmax(-1, keepdim=True)

@@ -31,6 +31,9 @@ def psnr_per_frame(pred: Tensor, gt: Tensor) -> Tensor:
     return psnr.clamp(max=MAX_PSNR_DB)  # NaN stays NaN and marks the sample invalid
 
 
+SSIM_WINDOW, SSIM_SIGMA = 11, 1.5  # torchmetrics' defaults
+
+
 def ssim_per_frame(pred: Tensor, gt: Tensor) -> Tensor:
     """SSIM (Gaussian window 11, sigma 1.5, data range 1, mean over RGB). [N, 3, H, W] -> [N].
 
@@ -55,9 +58,6 @@ def ssim_per_frame(pred: Tensor, gt: Tensor) -> Tensor:
         (mu_xx + mu_yy + c1) * (var_x + var_y + c2)
     )
     return ssim.reshape(n, -1).mean(-1)
-
-
-SSIM_WINDOW, SSIM_SIGMA = 11, 1.5
 
 
 def _gaussian(size: int, sigma: float, dtype: torch.dtype, device: torch.device) -> Tensor:
