@@ -398,6 +398,19 @@ def test_autoregressive_rollout_reports_error_per_step(grid_dir, checkpoint, tmp
     with pytest.raises(ValueError, match="needs trajectories of 6 frames; the longest has 5"):
         evaluate_rollout(model, proc, tok, TrajectoryDataset(grid_dir), horizon=4)
     args = ["--model", str(model_dir), "--data", str(grid_dir), "--samples", "1"]
+    from mmrl.trainer.cli import main as cli
+
+    # Too long a horizon is a one-line error, raised before the evaluation runs.
+    assert cli(["eval", *args, "--horizon", "4", "--json", str(tmp_path / "x.json")]) == 1
+    out, err = capsys.readouterr()
+    assert "windows of" not in out  # no evaluation table: nothing was evaluated
+    err = err.strip().splitlines()  # after transformers' load progress
+    assert err[-1] == (
+        "mmrl: error: a rollout of 4 frames after 2 context frames needs trajectories of 6 "
+        "frames; the longest has 5: lower --horizon or use longer episodes"
+    )
+    assert not any("Traceback" in line for line in err)
+    assert not (tmp_path / "x.json").exists()
     assert main([*args, "--horizon", "3", "--json", str(tmp_path / "r.json")]) == 0
     assert "autoregressive rollout of 3 frames" in capsys.readouterr().out
     saved = json.loads((tmp_path / "r.json").read_text())

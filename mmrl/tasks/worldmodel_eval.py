@@ -389,7 +389,7 @@ def check_trajectory_length(source: Any, context: int, future: int, where: str) 
     """Raise unless some trajectory has the ``context + future`` frames one window needs."""
     longest = max((source.num_frames(i) for i in range(len(source))), default=0)
     if longest < context + future:
-        raise ValueError(
+        raise DataError(
             f"{where}: the longest trajectory has {longest} frames; the model needs "
             f"{context + future} "
             f"({context} context + {future} predicted)"

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from transformers import PreTrainedModel
 
+from mmrl.errors import DataError
 from mmrl.tasks.worldmodel_eval import (
     _nanmean,
     frame_scores,
@@ -65,6 +66,17 @@ def rollout_frames(
     return frames[:, k:], valid
 
 
+def check_rollout_length(source: Any, context: int, horizon: int) -> None:
+    """Raise unless some trajectory holds ``context + horizon`` frames (before any work)."""
+    longest = max((source.num_frames(i) for i in range(len(source))), default=0)
+    if longest < context + horizon:
+        raise DataError(
+            f"a rollout of {horizon} frames after {context} context frames needs trajectories "
+            f"of {context + horizon} frames; the longest has {longest}: lower --horizon or use "
+            "longer episodes"
+        )
+
+
 def evaluate_rollout(
     model: PreTrainedModel,
     processor: TokenWorldModelProcessor,
@@ -78,13 +90,7 @@ def evaluate_rollout(
     """Per-step metrics (``psnr@t1`` .. ``@tH``, slopes, repetition) of an H-frame rollout on
     ``n`` windows of ``source`` (each needs K + H frames), beside copying the last frame."""
     k = processor.context
-    longest = max(source.num_frames(i) for i in range(len(source)))
-    if longest < k + horizon:
-        raise ValueError(
-            f"a rollout of {horizon} frames after {k} context frames needs trajectories of "
-            f"{k + horizon} frames; the longest has {longest}: lower --horizon or use longer "
-            "episodes"
-        )
+    check_rollout_length(source, k, horizon)
     windows = load_windows(source, k, horizon, n, seed)
     pred, valid = rollout_frames(model, processor, tokenizer, windows, horizon)
     last = windows.context[:, -1]

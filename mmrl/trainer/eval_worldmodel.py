@@ -102,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         source = open_trajectories(args.data, args.num_actions)
         check_source_fits(source, processor, tokenizer, args.data)
         check_trajectory_length(source, context, future, args.data)
+        if args.horizon:  # before the evaluation, not after it
+            from mmrl.tasks.worldmodel_rollout import check_rollout_length
+
+            check_rollout_length(source, context, args.horizon)
         windows = load_windows(source, context, future, args.windows, args.seed)
         rows = {
             "model (greedy)": evaluate_model(
