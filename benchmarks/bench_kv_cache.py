@@ -64,7 +64,9 @@ def decode(model: Qwen2ForCausalLM, cache: DynamicCache, prompts: torch.Tensor, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument(
+        "--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"]
+    )
     args = parser.parse_args()
     rows = []
     for dtype in args.dtypes:
