@@ -19,7 +19,7 @@ from mmrl.protocol import Batch
 from mmrl.sampling import FRAME_END_KEY
 from mmrl.worldmodel.data import TrajectoryDataset
 from mmrl.worldmodel.latent_ae import LatentAutoencoder
-from mmrl.worldmodel.windows import FrameWindows
+from mmrl.worldmodel.windows import FrameWindows, longest_trajectory
 
 
 def frame_windows(
@@ -32,7 +32,7 @@ def frame_windows(
     span = context + future
     starts = [(i, s) for i in range(len(data)) for s in range(data.num_frames(i) - span + 1)]
     if not starts:
-        longest = max((data.num_frames(i) for i in range(len(data))), default=0)
+        longest = longest_trajectory(data)
         raise ValueError(
             f"{dataset_dir}: the longest trajectory has {longest} frames, fewer than context + "
             f"future = {span}"

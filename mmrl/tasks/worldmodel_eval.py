@@ -27,6 +27,7 @@ from mmrl.worldmodel.envs import frame_state_match, make_env
 from mmrl.worldmodel.lm_init import TOKENIZER_SUBDIR  # a checkpoint carries its VQ tokenizer here
 from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
 from mmrl.worldmodel.tokenizer import VQTokenizer
+from mmrl.worldmodel.windows import longest_trajectory
 
 METRICS = ("psnr", "ssim", "lpips", "mae", "state_match", "valid")
 
@@ -387,7 +388,7 @@ def check_source_fits(
 
 def check_trajectory_length(source: Any, context: int, future: int, where: str) -> None:
     """Raise unless some trajectory has the ``context + future`` frames one window needs."""
-    longest = max((source.num_frames(i) for i in range(len(source))), default=0)
+    longest = longest_trajectory(source)
     if longest < context + future:
         raise DataError(
             f"{where}: the longest trajectory has {longest} frames; the model needs "

@@ -25,7 +25,7 @@ from mmrl.tasks.worldmodel_eval import (
 from mmrl.verifiers.repetition import DEFAULT_TAU
 from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
 from mmrl.worldmodel.tokenizer import VQTokenizer
-from mmrl.worldmodel.windows import FrameWindows, load_windows
+from mmrl.worldmodel.windows import FrameWindows, load_windows, longest_trajectory
 
 
 def rollout_frames(
@@ -68,7 +68,7 @@ def rollout_frames(
 
 def check_rollout_length(source: Any, context: int, horizon: int) -> None:
     """Raise unless some trajectory holds ``context + horizon`` frames (before any work)."""
-    longest = max((source.num_frames(i) for i in range(len(source))), default=0)
+    longest = longest_trajectory(source)
     if longest < context + horizon:
         raise DataError(
             f"a rollout of {horizon} frames after {context} context frames needs trajectories "

@@ -54,6 +54,11 @@ class FrameWindows:
         )
 
 
+def longest_trajectory(source: Any) -> int:
+    """Frames in the longest trajectory of ``source`` (0 when it holds none)."""
+    return max((source.num_frames(i) for i in range(len(source))), default=0)
+
+
 def load_windows(
     source: Any,
     context: int,
