@@ -17,15 +17,20 @@ import argparse
 import numpy as np
 
 from mmrl.processors.worldmodel import WorldModelPromptProcessor, load_windows
-from mmrl.tasks.worldmodel_eval import frame_scores, generate, load_checkpoint, open_trajectories
+from mmrl.tasks.worldmodel_eval import (
+    frame_scores,
+    generate,
+    load_checkpoint,
+    open_trajectories,
+    through_tokenizer,
+)
+from mmrl.worldmodel.envs.base import nearest_palette
 from mmrl.worldmodel.envs.push import BACKGROUND, BODY_COLOURS
 
 
 def body_labels(frames: np.ndarray, bodies: int) -> np.ndarray:
     """``int [N, H, W]``: 0 for background, b for body b (the nearest palette colour)."""
-    palette = np.array([BACKGROUND, *BODY_COLOURS[:bodies]])
-    dist = ((frames[..., None, :].astype(np.int64) - palette) ** 2).sum(-1)
-    return dist.argmin(-1)
+    return nearest_palette(frames, np.array([BACKGROUND, *BODY_COLOURS[:bodies]], np.uint8))
 
 
 def body_pixels(labels: np.ndarray, bodies: int) -> np.ndarray:
@@ -64,7 +69,7 @@ def main() -> None:
     greedy = processor.decode_frames(responses.tolist(), tokenizer)[0][:, :1]
     truth = windows.future[:, :1]
     last = windows.context[:, -1]
-    copy = tokenizer.decode(tokenizer.encode(last))[:, None]
+    copy = through_tokenizer(tokenizer, last)[:, None]
     ok = np.ones(len(truth), bool)
     model_lpips = frame_scores(greedy, truth, ok, None)["lpips"]
     copy_lpips = frame_scores(copy, truth, ok, None)["lpips"]
@@ -84,7 +89,7 @@ def main() -> None:
             f"{copy_lpips[rows].mean():.4f} | {deficit[rows].sum() / deficit.sum():.2f} |"
         )
     print(f"| all | 1.000 | {model_lpips.mean():.4f} | {copy_lpips.mean():.4f} | 1.00 |\n")
-    tokens_truth = tokenizer.decode(tokenizer.encode(truth[:, 0]))
+    tokens_truth = through_tokenizer(tokenizer, truth[:, 0])
     for name, frames in (("model", greedy[:, 0]), ("copy last frame", copy[:, 0]),
                          ("true tokens", tokens_truth)):  # fmt: skip
         px = body_pixels(body_labels(frames, n), n)
