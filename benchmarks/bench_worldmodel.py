@@ -151,11 +151,20 @@ def beats_copy(runs: dict[int, dict], future: int) -> list[str]:
     return out
 
 
+def split_seeds(tokens: list[str]) -> tuple[list[int], list[str]]:
+    """The seeds and the Hydra overrides among what ``--seeds`` took: with ``nargs="+"`` it
+    also takes the overrides that follow it (``--seeds 0 1 key=value``)."""
+    seeds = [t for t in tokens if "=" not in t]
+    if not seeds or not all(t.isdigit() for t in seeds):
+        raise ValueError(f"--seeds takes integers, got {' '.join(seeds) or 'none'}")
+    return [int(t) for t in seeds], [t for t in tokens if "=" in t]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", nargs="+", default=["0", "1", "2"])
     p.add_argument("--task", default="worldmodel_tokens", help="or worldmodel_videos")
     p.add_argument("--name", default="worldmodel_tokens", help="benchmarks/results/<name>.json")
     p.add_argument("--out", type=Path, default=Path("outputs/bench_wm"))
@@ -164,6 +173,11 @@ def main() -> None:
     )
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = p.parse_args()
+    try:
+        args.seeds, overrides = split_seeds(args.seeds)
+    except ValueError as err:
+        p.error(str(err))
+    args.overrides += overrides
     start = time.perf_counter()
     runs = {
         s: run_seed(s, args.out, args.overrides, args.pretrain_per_seed, args.task)
