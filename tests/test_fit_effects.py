@@ -25,7 +25,7 @@ from mmrl.trainer.experience import make_experience, sampling_params, score, ste
 from mmrl.verifiers import VerifierRunner
 from tests.conftest import run_overrides
 
-N = 4  # samples per prompt
+N = 8  # samples per prompt: enough that some group disagrees on any CPU
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +181,8 @@ def hand_kl(kind: str, logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
         return d.abs().float()
     if kind in ("k2", "mse"):
         return (0.5 * d**2).float()
-    return (torch.exp(-d) + d - 1).float()  # k3 / low_var_kl
+    # k3 / low_var_kl, clamped to [-10, 10] as documented (verl's bound)
+    return (torch.exp(-d) + d - 1).clamp(-10.0, 10.0).float()
 
 
 # --- the tests ----------------------------------------------------------------------------
