@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mmrl.worldmodel.data import TrajectoryDataset, generate_dataset
-from mmrl.worldmodel.pretrain import load_pretrain_config, plateaued
+from mmrl.worldmodel.pretrain import below_copying, load_pretrain_config, plateaued
 from mmrl.worldmodel.pretrain_data import IGNORE, encode_sequences
 from mmrl.worldmodel.token_lm import TokenWorldModelProcessor
 from mmrl.worldmodel.tokenizer import VQConfig, VQTokenizer, build_vq_model
@@ -17,6 +17,21 @@ def test_plateau_rule():
     assert not plateaued([3.0, 2.0, 1.5, 1.6], patience=2, min_delta=0.01)
     assert plateaued([3.0, 2.0, 1.995, 2.1], patience=2, min_delta=0.01)
     assert not plateaued([3.0, 2.0, 2.1, 2.2], patience=0, min_delta=0.01)
+
+
+def test_a_base_below_copying_is_named_in_one_line_with_the_keys_to_change():
+    # the numbers of a pretraining seed that stopped on a plateau before learning the motion
+    summary = {
+        "val/psnr_greedy": 23.81,
+        "val/psnr_copy_last_frame": 47.74,
+        "best_val_loss": 0.0635,
+        "best_step": 500,
+    }
+    line = below_copying(summary, prefix="task.pretrain.")
+    assert "23.81 against 47.74 dB" in line and "step 500" in line
+    assert "task.pretrain.train.lr=1e-3" in line and "\n" not in line
+    assert "train.lr=1e-3" in below_copying(summary) and "task." not in below_copying(summary)
+    assert below_copying({**summary, "val/psnr_greedy": 47.75}) is None
 
 
 def test_config_composes_with_overrides():

@@ -79,6 +79,10 @@ class WorldModelTokensTask(Task):
             summary = pretrain_token_world_model(self.pretrain_cfg).summary
         else:
             log.info("reusing pretrained world model in %s", self.pretrain_cfg.output_dir)
+        from mmrl.worldmodel.pretrain import below_copying
+
+        if (warning := below_copying(summary, prefix="task.pretrain.")) is not None:
+            log.warning(warning)
         best = Path(self.pretrain_cfg.output_dir) / "token_wm" / "best"
         attach_tokenizer(best, Path(self.pretrain_cfg.tokenizer.dir))
         keys = (

@@ -223,6 +223,26 @@ def pretrain_token_world_model(cfg: PretrainConfig) -> PretrainResult:
     return PretrainResult(out, best_dir, stop_reason, steps_run, summary["best_val_loss"], summary)
 
 
+def below_copying(summary: dict[str, Any], prefix: str = "") -> str | None:
+    """One line when the greedy held-out next frame is worse than copying the last frame.
+
+    RL from such a base mostly learns to stand still (docs/benchmarks.md), so the summary
+    says it before RL starts; ``prefix`` is where the pretraining keys sit in the overrides
+    that the line suggests. Under the default lr, whether the base gets past copying varies
+    with the seed (docs/benchmarks.md, "The one-frame pretraining over seeds").
+    """
+    model, copied = summary["val/psnr_greedy"], summary["val/psnr_copy_last_frame"]
+    if not model < copied:
+        return None
+    return (
+        f"the pretrained model's greedy next frame is below copying the last frame on held-out "
+        f"windows ({model:.2f} against {copied:.2f} dB PSNR; best val loss "
+        f"{summary['best_val_loss']:.4f} at step {summary['best_step']}); RL from it tends to "
+        f"learn to stand still. A longer {prefix}train.steps, {prefix}train.lr=1e-3 or another "
+        f"seed can get past it (docs/worldmodel.md)"
+    )
+
+
 def lr_factor(t: LMTrainSection, step: int) -> float:
     """Linear warm-up, then a cosine from 1 down to ``min_lr_ratio`` at the step budget."""
     if step < t.warmup_steps:
@@ -366,6 +386,8 @@ def main(overrides: list[str]) -> int:
     print("  held-out next frame, greedy:   PSNR dB   state match")
     for name in ("greedy", "copy_last_frame", "tokenizer_ceiling"):
         print(f"    {name:<27} {s[f'val/psnr_{name}']:7.2f}   {s[f'val/state_match_{name}']:8.3f}")
+    if (warning := below_copying(s)) is not None:
+        print(f"  warning:          {warning}")
     print(f"  checkpoint:       {result.best_dir} (save_pretrained)")
     print(
         f"  wall time:        {s['wall_time_s']:.1f} s, peak memory {s['peak_memory_gib']:.2f} GiB"
