@@ -27,11 +27,13 @@ def test_a_base_below_copying_is_named_in_one_line_with_the_keys_to_change():
         "best_val_loss": 0.0635,
         "best_step": 500,
     }
-    line = below_copying(summary, prefix="task.pretrain.")
+    line = below_copying(summary, 2e-3, prefix="task.pretrain.")
     assert "23.81 against 47.74 dB" in line and "step 500" in line
-    assert "task.pretrain.train.lr=1e-3" in line and "\n" not in line
-    assert "train.lr=1e-3" in below_copying(summary) and "task." not in below_copying(summary)
-    assert below_copying({**summary, "val/psnr_greedy": 47.75}) is None
+    assert "task.pretrain.train.lr=0.001" in line and "\n" not in line
+    # from the default lr the line suggests half of it, with the CLI's own keys
+    assert "train.lr=0.0005" in below_copying(summary, 1e-3)
+    assert "task." not in below_copying(summary, 1e-3)
+    assert below_copying({**summary, "val/psnr_greedy": 47.75}, 2e-3) is None
 
 
 def test_config_composes_with_overrides():

@@ -20,6 +20,7 @@ PRETRAIN = [
     "tokenizer.train.batch_size=16",
     "model.num_hidden_layers=2",
     "train.steps=300",
+    "train.lr=2e-3",  # the lr the margin was measured at (the default is now 1e-3)
     "train.min_lr_ratio=1.0",
     "train.change_weight=1.0",
     "train.min_delta=0.005",

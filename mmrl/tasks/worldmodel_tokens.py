@@ -81,7 +81,8 @@ class WorldModelTokensTask(Task):
             log.info("reusing pretrained world model in %s", self.pretrain_cfg.output_dir)
         from mmrl.worldmodel.pretrain import below_copying
 
-        if (warning := below_copying(summary, prefix="task.pretrain.")) is not None:
+        warning = below_copying(summary, self.pretrain_cfg.train.lr, "task.pretrain.")
+        if warning is not None:
             log.warning(warning)
         best = Path(self.pretrain_cfg.output_dir) / "token_wm" / "best"
         attach_tokenizer(best, Path(self.pretrain_cfg.tokenizer.dir))
