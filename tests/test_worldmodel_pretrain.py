@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from mmrl.errors import ConfigError
 from mmrl.worldmodel.data import TrajectoryDataset, generate_dataset
 from mmrl.worldmodel.pretrain import below_copying, load_pretrain_config, plateaued
 from mmrl.worldmodel.pretrain_data import IGNORE, encode_sequences
@@ -43,6 +44,22 @@ def test_config_composes_with_overrides():
     assert cfg.model.hidden_size // cfg.model.num_attention_heads >= 64
     with pytest.raises(Exception, match="nonexistent"):
         load_pretrain_config(["train.nonexistent=1"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.lr=abc", "train.lr: Value 'abc' of type 'str' could not be converted to Float"),
+        ("train.lr=-1", "train.lr=-1.0: must be > 0"),
+        ("train.steps=0", "train.steps=0: must be >= 1"),
+        ("train.min_lr_ratio=2", "train.min_lr_ratio=2.0: must be <= 1"),
+    ],
+)
+def test_a_bad_pretraining_value_is_one_line_before_any_work(override, message, tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_pretrain_config([override, f"output_dir={tmp_path / 'run'}"])
+    assert message in str(err.value) and len(str(err.value).splitlines()) == 1
+    assert not (tmp_path / "run").exists()
 
 
 def test_encode_sequences_layout(tmp_path):

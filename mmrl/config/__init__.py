@@ -1,6 +1,6 @@
 """The typed run config (:mod:`mmrl.config.schema`) and how it is composed and loaded."""
 
-from mmrl.config.load import compose, config_dir, load_config
+from mmrl.config.load import compose, config_dir, load_config, to_schema
 from mmrl.config.schema import (
     ActorConfig,
     ActorRolloutRefConfig,
@@ -40,4 +40,5 @@ __all__ = [
     "config_dir",
     "load_config",
     "old_log_prob_source",
+    "to_schema",
 ]

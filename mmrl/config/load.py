@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mmrl.config.schema import RunConfig
-from mmrl.config.validate import field_problems
+from mmrl.config.validate import field_problems, value_problems
 from mmrl.errors import ConfigError
 
 SCHEMA_NAME = "mmrl_run_schema"
@@ -84,6 +84,20 @@ def load_config(
         problems = field_problems(cfg)
         if problems:
             raise ConfigError(problems)
+    return cfg
+
+
+def to_schema(raw: DictConfig, schema: type) -> Any:
+    """A composed config as an instance of dataclass ``schema``, checked like a run's: a value
+    of the wrong type or outside its field's bounds is a one-line :class:`ConfigError`."""
+    try:
+        OmegaConf.resolve(raw)
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), raw))
+    except OmegaConfBaseException as err:
+        raise ConfigError(_first_line(err)) from err
+    problems = value_problems(cfg)
+    if problems:
+        raise ConfigError(problems)
     return cfg
 
 

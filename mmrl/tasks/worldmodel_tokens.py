@@ -26,7 +26,7 @@ from mmrl.tasks.base import Task, TaskData, register_task, task_config
 if TYPE_CHECKING:
     from mmrl.config import RunConfig
     from mmrl.processors.worldmodel import WorldModelPromptProcessor
-    from mmrl.worldmodel.pretrain import PretrainConfig
+    from mmrl.worldmodel.pretrain_config import PretrainConfig
 
 log = logging.getLogger(__name__)
 # Settings that say where or how loudly pretraining runs, not what it makes.
@@ -195,7 +195,7 @@ def pretrain_config(overrides: dict[str, Any], cache_dir: str) -> PretrainConfig
     """``mmrl/configs/worldmodel/pretrain.yaml`` with ``overrides``; without an explicit
     ``output_dir`` it goes to ``<cache_dir>/<env>-<hash of the settings>``."""
     from mmrl.config import compose
-    from mmrl.worldmodel.pretrain import PretrainConfig
+    from mmrl.worldmodel.pretrain_config import PretrainConfig
 
     raw = compose([], config_name="worldmodel/pretrain")
     OmegaConf.set_struct(

@@ -24,7 +24,7 @@ from mmrl.worldmodel.token_lm import (
 )
 
 if TYPE_CHECKING:
-    from mmrl.worldmodel.pretrain import PretrainConfig
+    from mmrl.worldmodel.pretrain_config import PretrainConfig
 
 logger = logging.getLogger(__name__)
 TOKENIZER_SUBDIR = "vq_tokenizer"  # where a complete world-model checkpoint carries it

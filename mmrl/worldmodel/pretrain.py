@@ -15,14 +15,13 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
@@ -32,76 +31,27 @@ from mmrl.worldmodel.data import TrajectoryDataset
 from mmrl.worldmodel.envs import frame_state_match, make_env
 from mmrl.worldmodel.frames import psnr
 from mmrl.worldmodel.lm_init import initial_model
+from mmrl.worldmodel.pretrain_config import (
+    LMTrainSection,
+    PretrainConfig,
+    load_pretrain_config,
+)
 from mmrl.worldmodel.pretrain_data import (
     IGNORE,
-    DataSection,
     changed_tokens,
     encode_sequences,
     prepare_data,
     video_keys,
 )
 from mmrl.worldmodel.token_lm import (
-    TokenLMConfig,
     TokenWorldModelProcessor,
     load_token_world_model,
     save_token_world_model,
 )
-from mmrl.worldmodel.tokenizer import AETrainConfig, VQConfig, VQTokenizer, train_vq_tokenizer
+from mmrl.worldmodel.tokenizer import VQTokenizer, train_vq_tokenizer
 from mmrl.worldmodel.vocab import VocabLayout
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TokenizerSection:
-    dir: str = "outputs/worldmodel/grid/tokenizer"
-    model: VQConfig = field(default_factory=VQConfig)
-    train: AETrainConfig = field(default_factory=lambda: AETrainConfig(steps=300))
-
-
-@dataclass
-class LMTrainSection:
-    steps: int = 1000
-    batch_size: int = 32
-    lr: float = 2e-3
-    weight_decay: float = 0.01
-    warmup_steps: int = 50
-    min_lr_ratio: float = 1.0  # cosine decay to lr * this at the budget's end (1: constant)
-    val_every: int = 100
-    val_windows: int = 128
-    patience: int = 3
-    min_delta: float = 0.005
-    eval_windows: int = 64
-    init_from: str | None = None  # a token world model to start from instead of random weights
-    change_weight: float = 1.0  # loss weight of visual ids that differ from the frame before
-
-
-@dataclass
-class PretrainConfig:
-    output_dir: str = "outputs/worldmodel/grid"
-    seed: int = 0
-    progress_bar: bool = True
-    data: DataSection = field(default_factory=DataSection)
-    tokenizer: TokenizerSection = field(default_factory=TokenizerSection)
-    model: TokenLMConfig = field(default_factory=TokenLMConfig)
-    action_bins: int = 9
-    train: LMTrainSection = field(default_factory=LMTrainSection)
-
-
-def load_pretrain_config(overrides: list[str] | None = None) -> PretrainConfig:
-    """Compose ``mmrl/configs/worldmodel/pretrain.yaml`` with overrides and validate it.
-
-    With ``data.videos`` and no ``output_dir`` given, the run goes to
-    ``outputs/worldmodel/videos-<folder name>`` (not the environment's folder).
-    """
-    from mmrl.config import compose
-
-    overrides = list(overrides or [])
-    raw = compose(overrides, config_name="worldmodel/pretrain")
-    if raw.data.get("videos") and not any(o.startswith("output_dir=") for o in overrides):
-        raw.output_dir = f"outputs/worldmodel/videos-{Path(str(raw.data.videos)).name}"
-    OmegaConf.resolve(raw)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PretrainConfig), raw))
 
 
 @dataclass

@@ -20,7 +20,7 @@ from mmrl.worldmodel.tokenizer import VQTokenizer
 from mmrl.worldmodel.video_import import VideoSource, check_not_video_folder, import_videos
 
 if TYPE_CHECKING:
-    from mmrl.worldmodel.pretrain import PretrainConfig
+    from mmrl.worldmodel.pretrain_config import PretrainConfig
 
 IGNORE = -100
 
