@@ -62,6 +62,13 @@ def test_a_bad_pretraining_value_is_one_line_before_any_work(override, message, 
     assert not (tmp_path / "run").exists()
 
 
+def test_a_bad_pretraining_value_under_the_task_names_its_full_key(tmp_path):
+    from mmrl.tasks.worldmodel_tokens import pretrain_config
+
+    with pytest.raises(ConfigError, match=r"^task\.pretrain\.train\.lr=-1\.0: must be > 0$"):
+        pretrain_config({"train": {"lr": -1.0}}, str(tmp_path))
+
+
 def test_encode_sequences_layout(tmp_path):
     data_dir = generate_dataset("push", 2, 5, tmp_path, seed=0, progress=False)
     torch.manual_seed(0)

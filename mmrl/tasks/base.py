@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from transformers import AutoTokenizer
 
+from mmrl.config.validate import value_problems
 from mmrl.errors import ConfigError
 from mmrl.processors.base import PromptProcessor
 from mmrl.processors.text import TextProcessor
@@ -33,9 +34,10 @@ D = TypeVar("D")  # a task's dataset type: PromptDataset, VisionPromptDataset, F
 def task_config(schema: type[C], cfg: Any, prefix: str = "task") -> C:
     """The run's ``task`` group merged over the task's config dataclass ``schema``: unknown keys
     and wrong types are ConfigErrors that name the full key (``prefix`` is where ``cfg`` sits in
-    the run config), missing keys take the dataclass defaults."""
+    the run config), missing keys take the dataclass defaults. A value outside its field's
+    bounds is a ConfigError too."""
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
+        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
     except OmegaConfBaseException as err:
         text = str(err).strip().splitlines()[0]
         key = getattr(err, "full_key", None)
@@ -44,6 +46,10 @@ def task_config(schema: type[C], cfg: Any, prefix: str = "task") -> C:
             if key
             else f"{prefix}: {text}"
         ) from None
+    problems = value_problems(obj)
+    if problems:
+        raise ConfigError([f"{prefix}.{problem}" for problem in problems])
+    return obj
 
 
 def _closest_key(schema: type, key: str, prefix: str) -> str:
