@@ -11,7 +11,7 @@ import difflib
 import typing
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -20,6 +20,7 @@ from mmrl.config.schema import RunConfig
 from mmrl.config.validate import field_problems, value_problems
 from mmrl.errors import ConfigError
 
+S = TypeVar("S")
 SCHEMA_NAME = "mmrl_run_schema"
 # Keys that moved: old key -> the key its scalar value belongs under now.
 MOVED_KEYS = {
@@ -87,18 +88,42 @@ def load_config(
     return cfg
 
 
-def to_schema(raw: DictConfig, schema: type) -> Any:
-    """A composed config as an instance of dataclass ``schema``, checked like a run's: a value
-    of the wrong type or outside its field's bounds is a one-line :class:`ConfigError`."""
+def to_schema(cfg: Any, schema: type[S], prefix: str = "") -> S:
+    """``cfg`` merged over dataclass ``schema``; missing keys take the dataclass defaults.
+
+    An unknown key, a wrong type or a value outside its field's bounds is a one-line
+    :class:`ConfigError` that names the full key (``prefix`` is where ``cfg`` sits in the
+    whole config, e.g. ``task``) and, for a mistyped key, the closest known one.
+    """
+    dotted = f"{prefix}." if prefix else ""
     try:
-        OmegaConf.resolve(raw)
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), raw))
+        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
     except OmegaConfBaseException as err:
-        raise ConfigError(_first_line(err)) from err
-    problems = value_problems(cfg)
+        text = str(err).strip().splitlines()[0]
+        key = getattr(err, "full_key", None)
+        raise ConfigError(
+            f"{dotted}{key}: {text}{_closest_key(schema, key, dotted)}"
+            if key
+            else f"{prefix or schema.__name__}: {text}"
+        ) from None
+    problems = value_problems(obj)
     if problems:
-        raise ConfigError(problems)
-    return cfg
+        raise ConfigError([f"{dotted}{problem}" for problem in problems])
+    return obj
+
+
+def _closest_key(schema: type, key: str, dotted: str) -> str:
+    """``"; did you mean <dotted>x?"`` for a mistyped ``key`` of ``schema``, or ``""``."""
+    cls, parts = schema, key.split(".")
+    for part in parts[:-1]:
+        hints = typing.get_type_hints(cls) if is_dataclass(cls) else {}
+        cls = hints.get(part)
+    if not is_dataclass(cls):
+        return ""
+    close = difflib.get_close_matches(parts[-1], [f.name for f in fields(cls)], n=1)
+    if not close or close[0] == parts[-1]:  # a known key with a wrong value: no hint
+        return ""
+    return f"; did you mean {dotted}{'.'.join([*parts[:-1], close[0]])}?"
 
 
 def override_problems(overrides: list[str]) -> list[str]:

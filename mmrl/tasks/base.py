@@ -6,20 +6,14 @@ from, and what happens after RL. The fit loop is the same for every task.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from transformers import AutoTokenizer
 
-from mmrl.config.validate import value_problems
-from mmrl.errors import ConfigError
+from mmrl.config.load import to_schema
 from mmrl.processors.base import PromptProcessor
 from mmrl.processors.text import TextProcessor
 from mmrl.utils.registry import Registry
@@ -32,36 +26,9 @@ D = TypeVar("D")  # a task's dataset type: PromptDataset, VisionPromptDataset, F
 
 
 def task_config(schema: type[C], cfg: Any, prefix: str = "task") -> C:
-    """The run's ``task`` group merged over the task's config dataclass ``schema``: unknown keys
-    and wrong types are ConfigErrors that name the full key (``prefix`` is where ``cfg`` sits in
-    the run config), missing keys take the dataclass defaults. A value outside its field's
-    bounds is a ConfigError too."""
-    try:
-        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
-    except OmegaConfBaseException as err:
-        text = str(err).strip().splitlines()[0]
-        key = getattr(err, "full_key", None)
-        raise ConfigError(
-            f"{prefix}.{key}: {text}{_closest_key(schema, key, prefix)}"
-            if key
-            else f"{prefix}: {text}"
-        ) from None
-    problems = value_problems(obj)
-    if problems:
-        raise ConfigError([f"{prefix}.{problem}" for problem in problems])
-    return obj
-
-
-def _closest_key(schema: type, key: str, prefix: str) -> str:
-    """``"; did you mean <prefix>.x?"`` for a mistyped ``key`` of ``schema``, or ``""``."""
-    cls, parts = schema, key.split(".")
-    for part in parts[:-1]:
-        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
-        cls = hints.get(part)
-    if not dataclasses.is_dataclass(cls):
-        return ""
-    close = difflib.get_close_matches(parts[-1], [f.name for f in dataclasses.fields(cls)], n=1)
-    return f"; did you mean {prefix}.{'.'.join([*parts[:-1], close[0]])}?" if close else ""
+    """The run's ``task`` group merged over the task's config dataclass ``schema``
+    (:func:`mmrl.config.to_schema`; ``prefix`` is where ``cfg`` sits in the run config)."""
+    return to_schema(cfg, schema, prefix)
 
 
 @dataclass

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from mmrl.config.fields import ranged
 from mmrl.worldmodel.pretrain_data import DataSection
 from mmrl.worldmodel.token_lm import TokenLMConfig
@@ -62,4 +64,5 @@ def load_pretrain_config(overrides: list[str] | None = None) -> PretrainConfig:
     raw = compose(overrides, config_name="worldmodel/pretrain")
     if raw.data.get("videos") and not any(o.startswith("output_dir=") for o in overrides):
         raw.output_dir = f"outputs/worldmodel/videos-{Path(str(raw.data.videos)).name}"
+    OmegaConf.resolve(raw)
     return to_schema(raw, PretrainConfig)
