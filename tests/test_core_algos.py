@@ -64,14 +64,14 @@ VALID[9] = False  # d keeps two valid samples
 VALID[12] = False  # e keeps one valid sample -> zero
 
 
-def ref_group(i: int) -> list[float]:
-    return [SCORES[j] for j in range(len(UIDS)) if UIDS[j] == UIDS[i] and VALID[j]]
+def ref_group(i: int, scores: list[float] = SCORES) -> list[float]:
+    return [scores[j] for j in range(len(UIDS)) if UIDS[j] == UIDS[i] and VALID[j]]
 
 
-def ref_grpo(norm: bool, eps: float = 1e-6) -> list[float]:
+def ref_grpo(norm: bool, eps: float = 1e-6, scores: list[float] = SCORES) -> list[float]:
     out = []
-    for i, s in enumerate(SCORES):
-        group = ref_group(i)
+    for i, s in enumerate(scores):
+        group = ref_group(i, scores)
         if not VALID[i] or len(group) < 2 or len(set(group)) == 1:
             out.append(0.0)
             continue
@@ -100,6 +100,52 @@ def test_grpo_matches_reference(norm: bool) -> None:
     torch.testing.assert_close(returns, adv)
     assert torch.equal(adv[4:8], torch.zeros(4, T))  # all-equal group, singleton group: exact 0
     assert torch.equal(adv[9], torch.zeros(T)) and torch.equal(adv[11:], torch.zeros(2, T))
+
+
+def ref_gdpo(components: list[list[float]], weights: list[float], norm: bool) -> torch.Tensor:
+    """Each reward's GRPO advantage over the test groups, weighted, summed, then whitened over
+    the valid rows' response steps."""
+    total = [0.0] * len(UIDS)
+    for column, weight in zip(components, weights, strict=True):
+        advantages = ref_grpo(norm, scores=column)
+        total = [t + weight * a for t, a in zip(total, advantages, strict=True)]
+    keep = [[VALID[i] and j < n for j in range(T)] for i, n in enumerate(LENGTHS)]
+    return torch.tensor(ref_whiten([[t] * T for t in total], keep))
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_gdpo_matches_reference(norm: bool) -> None:
+    second = [float((7 * i) % 5) * 1e-3 for i in range(len(SCORES))]  # another scale
+    weights = [1.0, -2.5]
+    adv, returns = run_estimator(
+        "gdpo",
+        config=AlgorithmConfig(norm_adv_by_std_in_grpo=norm),
+        reward_components=torch.tensor([SCORES, second]).T,
+        reward_weights=torch.tensor(weights),
+    )
+    want = ref_gdpo([SCORES, second], weights, norm)
+    torch.testing.assert_close(adv, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(returns, adv)
+    assert torch.equal(adv[9], torch.zeros(T)) and torch.equal(adv[12], torch.zeros(T))
+
+
+def test_gdpo_normalises_each_reward_in_its_group() -> None:
+    """A reward on a 1e-3 scale orders the samples as much as a 0/1 reward of the same weight;
+    in GRPO's sum the 0/1 reward alone decides."""
+    fine = [0.001, 0.002, 0.003, 0.004]  # sample 3 best
+    coarse = [1.0, 0.0, 1.0, 0.0]  # samples 0 and 2 best
+    rewards, mask = outcome_batch([f + c for f, c in zip(fine, coarse, strict=True)], [2] * 4)
+    common = dict(
+        token_level_rewards=rewards, response_mask=mask, index=np.array(["g"] * 4, dtype=object)
+    )
+    gdpo, _ = get_adv_estimator("gdpo")(
+        **common,
+        reward_components=torch.tensor([fine, coarse]).T,
+        reward_weights=torch.tensor([1.0, 1.0]),
+    )
+    grpo, _ = get_adv_estimator("grpo")(**common)
+    assert gdpo[3, 0] > gdpo[0, 0]  # the fine reward's best beats the coarse reward's worst
+    assert grpo[3, 0] < grpo[0, 0]  # in the sum it does not
 
 
 def test_grpo_int_tensor_index_matches_strings() -> None:
@@ -261,10 +307,15 @@ def test_estimators_never_nan(name: str) -> None:
         values=torch.zeros(4, T),
         reward_baselines=torch.ones(4),
         config=AlgorithmConfig(),
+        **(
+            {"reward_components": torch.ones(4, 2), "reward_weights": torch.tensor([1.0, -1.0])}
+            if ADV_ESTIMATORS.trait(name, "needs_components", False)
+            else {}
+        ),
     )
     assert torch.isfinite(adv).all() and torch.isfinite(returns).all()
     assert torch.equal(adv[1], torch.zeros(T)) and torch.equal(adv[3], torch.zeros(T))
-    if name in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
+    if name in ("grpo", "gdpo", "rloo", "reinforce_plus_plus_baseline"):
         assert torch.equal(adv, torch.zeros_like(adv))
 
 
@@ -277,6 +328,8 @@ def test_missing_inputs_raise() -> None:
         get_adv_estimator("remax")(index=None, **common)
     with pytest.raises(ValueError, match="index"):
         get_adv_estimator("grpo")(index=None, **common)
+    with pytest.raises(ValueError, match="reward_components"):
+        get_adv_estimator("gdpo")(index=np.array(["g", "g"], dtype=object), **common)
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -587,7 +640,8 @@ def test_unknown_names_list_known_ones() -> None:
 
 def test_registry_names_and_duplicates() -> None:
     assert set(ADV_ESTIMATORS) >= {
-        "grpo", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
+        "grpo", "gdpo", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+        "remax",
     }  # fmt: skip
     with pytest.raises(ValueError, match="already registered"):
         register_adv_estimator("grpo")(lambda **kw: kw)

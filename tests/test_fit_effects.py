@@ -18,14 +18,23 @@ import torch
 
 from mmrl.algos import ADV_ESTIMATORS, KL_PENALTIES, build_kl_controller
 from mmrl.config import load_config
+from mmrl.errors import ConfigError
 from mmrl.hybrid import build_workers
 from mmrl.protocol import Batch
 from mmrl.tasks import get_task
 from mmrl.trainer.experience import make_experience, sampling_params, score, step_seed
-from mmrl.verifiers import VerifierRunner
+from mmrl.trainer.fit import fit
+from mmrl.verifiers import VerifierOutput, VerifierRunner, register_verifier
 from tests.conftest import run_overrides
 
 N = 8  # samples per prompt (with 4, every group agreed on an AMX Xeon and showed nothing)
+
+
+@register_verifier("test_fewer_characters")
+def fewer_characters(batch: Batch) -> VerifierOutput:
+    """Characters in the response, a reward on another scale than exact_answer's 0/1."""
+    lengths = np.array([len(str(r)) for r in batch["response_text"]], dtype=float)
+    return VerifierOutput(scores=lengths, valid=np.ones(len(lengths), dtype=bool))
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +200,7 @@ def hand_kl(kind: str, logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 def test_every_estimator_has_a_hand_written_expectation():
     assert set(ADV_ESTIMATORS) == {
         "grpo",
+        "gdpo",
         "rloo",
         "gae",
         "reinforce_plus_plus",
@@ -211,6 +221,39 @@ def test_grpo_and_rloo_advantages_follow_their_formulas(rig):
     assert not torch.allclose(grpo["advantages"], rloo["advantages"])
     dr = collect(rig, algorithm__adv_estimator="grpo", algorithm__norm_adv_by_std_in_grpo=False)
     torch.testing.assert_close(rloo["advantages"], dr["advantages"] * N / (N - 1))
+
+
+def test_gdpo_normalises_each_verifier_in_its_group(rig):
+    """Two verifiers: gdpo whitens the weighted sum of each one's GRPO advantage, computed here
+    from each verifier alone; GRPO on the same samples normalises their weighted sum."""
+    weights = {"exact_answer": 1.0, "test_fewer_characters": -0.01}
+    two = VerifierRunner(list(weights.items()))
+    try:
+        both = {**rig, "runner": two}
+        gdpo = collect(both, algorithm__adv_estimator="gdpo")
+        grpo = collect(both, algorithm__adv_estimator="grpo")
+        assert torch.equal(gdpo["responses"], grpo["responses"])
+        want = torch.zeros_like(gdpo["advantages"])
+        for name, weight in weights.items():
+            alone = VerifierRunner([(name, 1.0)])
+            scored, _ = score(gdpo.clone(), rig["processor"], rig["cfg"], alone)
+            alone.close()
+            scored["token_level_rewards"] = scored["token_level_scores"]
+            want += weight * hand_grpo(scored)
+        want = whiten(want, gdpo["response_mask"] * gdpo["valid_mask"][:, None])
+    finally:
+        two.close()
+    torch.testing.assert_close(gdpo["advantages"], want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grpo["advantages"], hand_grpo(grpo), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(gdpo["advantages"], grpo["advantages"], atol=1e-3)
+
+
+def test_gdpo_refuses_a_kl_penalty_in_the_reward(tmp_path):
+    cfg = load_config(
+        run_overrides(tmp_path, "algorithm.adv_estimator=gdpo", "algorithm.use_kl_in_reward=true")
+    )
+    with pytest.raises(ConfigError, match="use_kl_in_reward=false"):
+        fit(cfg)
 
 
 def test_reinforce_plus_plus_discounts_and_whitens(rig):

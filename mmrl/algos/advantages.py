@@ -30,7 +30,9 @@ from mmrl.utils.registry import Registry
 AdvantageEstimator = Callable[..., tuple[Tensor, Tensor]]
 # Traits: ``needs_groups`` (compares the samples of one prompt: rollout.n must be >= 2),
 # ``needs_critic`` (reads ``values``: the fit loop builds a critic), ``needs_baselines``
-# (reads ``reward_baselines``: the fit loop scores one greedy response per prompt).
+# (reads ``reward_baselines``: the fit loop scores one greedy response per prompt),
+# ``needs_components`` (also called with ``reward_components`` [B, K] and ``reward_weights``
+# [K]: each weighted verifier's own score, not only their weighted sum).
 ADV_ESTIMATORS: Registry[AdvantageEstimator] = Registry(
     "advantage estimator", "algorithm.adv_estimator"
 )
@@ -185,6 +187,58 @@ def compute_grpo_advantage(
     if config.norm_adv_by_std_in_grpo:
         centered = centered / (stats.std + GROUP_STD_EPS)
     adv = torch.where(stats.varies, centered, torch.zeros_like(centered))[:, None] * mask
+    return adv, adv
+
+
+@register_adv_estimator("gdpo", needs_groups=True, needs_components=True)
+def compute_gdpo_advantage(
+    *,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: np.ndarray | Tensor | None,
+    config: AlgorithmConfig | None = None,
+    valid_mask: Tensor | None = None,
+    values: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+    reward_components: Tensor | None = None,
+    reward_weights: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """GDPO (Liu et al., 2026), as verl computes it: GRPO's group normalisation applied to
+    each reward on its own, the results summed with the verifiers' weights, then whitened over
+    the batch's response tokens.
+
+    Summing first lets the reward with the widest spread inside a group set every advantage;
+    normalising each first gives a reward on a scale of 1e-3 as much say as one of 1, in
+    proportion to its weight.
+
+    reward_components: [B, K] each weighted verifier's own per-sample score (unweighted).
+    reward_weights: [K] their weights (nonzero; the sign says which way is better).
+    token_level_rewards: [B, T], only for its shape and device. The other arguments are as in
+    GRPO (``norm_adv_by_std_in_grpo`` false centres each reward without dividing). Returns
+    (advantages [B, T], returns [B, T]), equal.
+    """
+    if reward_components is None or reward_weights is None:
+        raise ValueError(
+            "advantage estimator 'gdpo' needs `reward_components` and `reward_weights`"
+        )
+    config = config or AlgorithmConfig()
+    mask, valid = _prepare(token_level_rewards, response_mask, valid_mask)
+    groups = _require_groups(index, mask.shape[0], mask.device, "gdpo")
+    components = reward_components.to(mask)
+    weights = reward_weights.to(mask)
+    if components.shape != (mask.shape[0], weights.numel()):
+        raise ValueError(
+            f"reward_components must have shape [{mask.shape[0]}, {weights.numel()}], found "
+            f"{tuple(components.shape)}"
+        )
+    total = torch.zeros_like(valid, dtype=mask.dtype)
+    for k in range(weights.numel()):
+        stats = group_stats(components[:, k], valid, groups)
+        centered = components[:, k] - stats.mean
+        if config.norm_adv_by_std_in_grpo:
+            centered = centered / (stats.std + GROUP_STD_EPS)
+        total += weights[k] * torch.where(stats.varies, centered, torch.zeros_like(centered))
+    adv = masked_whiten(total[:, None] * mask, mask)
     return adv, adv
 
 

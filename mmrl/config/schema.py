@@ -291,7 +291,8 @@ class KLControlConfig:
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = registry_name("grpo", "adv_estimator")
-    """grpo, gae, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax."""
+    """grpo, gdpo (GRPO per verifier), gae, rloo, reinforce_plus_plus,
+    reinforce_plus_plus_baseline, remax."""
     gamma: float = ranged(1.0, ge=0, le=1)
     """Discount per response step (GAE, REINFORCE++)."""
     lam: float = ranged(1.0, ge=0, le=1)

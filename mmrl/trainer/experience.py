@@ -44,6 +44,25 @@ def apply_scores(
     return batch, {k: float(np.mean(v)) for k, v in out.metrics.items()}
 
 
+def reward_components(
+    batch: Batch, out: VerifierOutput, runner: VerifierRunner, cfg: RunConfig
+) -> dict[str, torch.Tensor]:
+    """Each weighted verifier's own per-sample score (``reward_components`` [B, K]) and its
+    weight (``reward_weights`` [K]), for estimators that normalise rewards one by one (gdpo).
+    A sample that ``overlong_reward=zero`` zeroes scores 0 on every reward, as in the sum."""
+    weighted = [v for v in runner.verifiers if v.weight != 0.0]
+    if not weighted:
+        raise ConfigError(
+            "algorithm.adv_estimator=gdpo needs a reward.verifiers entry with a nonzero weight"
+        )
+    columns = [torch.as_tensor(out.verifier_scores[v.name], dtype=torch.float32) for v in weighted]
+    components = torch.stack(columns, 1)
+    if cfg.reward.overlong_reward == "zero":
+        components = components * ~batch["response_clipped"].bool()[:, None]
+    weights = torch.tensor([v.weight for v in weighted], dtype=torch.float32)
+    return {"reward_components": components, "reward_weights": weights}
+
+
 def frame_ends(batch: Batch, frames: int) -> torch.Tensor:
     """``frame_end_steps`` int64 [B, F], checked against per-frame scores for ``frames`` frames."""
     if FRAME_END_KEY not in batch:
@@ -165,8 +184,14 @@ def make_experience(
         )
         metrics.update(is_metrics)
     with timer("reward", metrics):  # adds only the verifier time not hidden above
-        batch, reward_metrics = apply_scores(batch, pending.result(), cfg)
+        scored = pending.result()
+        batch, reward_metrics = apply_scores(batch, scored, cfg)
         metrics.update(reward_metrics)
+    components = (
+        reward_components(batch, scored, runner, cfg)
+        if algos.ADV_ESTIMATORS.trait(algo.adv_estimator, "needs_components", False)
+        else {}
+    )
     if needs_reference(cfg):
         with timer("ref", metrics):
             batch["ref_log_prob"] = worker.compute_ref_log_prob(batch)
@@ -196,5 +221,6 @@ def make_experience(
             config=algo,
             values=batch["values"] if critic is not None else None,
             reward_baselines=baselines,
+            **components,
         )
     return batch

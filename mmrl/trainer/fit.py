@@ -190,6 +190,14 @@ def train(cfg: RunConfig, trackers: list[Tracker]) -> RunResult:
             "is zero and the policy will not learn. Set rollout.n >= 2.",
             stacklevel=2,
         )
+    if algos.ADV_ESTIMATORS.trait(algo.adv_estimator, "needs_components", False) and (
+        algo.use_kl_in_reward
+    ):
+        raise ConfigError(
+            f"algorithm.adv_estimator={algo.adv_estimator} normalises each verifier's score, so a "
+            "KL penalty in the reward would be dropped: set algorithm.use_kl_in_reward=false and "
+            "use actor_rollout_ref.actor.use_kl_loss=true instead"
+        )
     task = get_task(cfg.task.get("name", ""))(cfg.task)
     cfg.output_dir.mkdir(parents=True, exist_ok=True)
     (cfg.output_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
