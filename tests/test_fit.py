@@ -60,7 +60,7 @@ def test_grpo_beats_its_warm_start_on_a_test_split(tmp_path):
 
 @pytest.mark.parametrize(
     "estimator",
-    ["grpo", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"],
+    ["grpo", "gdpo", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"],
 )
 def test_every_estimator_runs_a_step(tmp_path, warm_model_dir, estimator):
     result = short_run(tmp_path, warm_model_dir, f"algorithm.adv_estimator={estimator}")
