@@ -193,6 +193,13 @@ def groups(draw):
 
 
 def run_estimator(name, rewards, mask, valid, index, norm=True):
+    components = {}
+    if algos.ADV_ESTIMATORS.trait(name, "needs_components", False):
+        score = rewards.sum(-1)  # a second reward on another scale, ranking the other way
+        components = {
+            "reward_components": torch.stack([score, -1e-3 * score.square()], 1),
+            "reward_weights": torch.tensor([1.0, 0.5]),
+        }
     return algos.get_adv_estimator(name)(
         token_level_rewards=rewards,
         response_mask=mask,
@@ -201,6 +208,7 @@ def run_estimator(name, rewards, mask, valid, index, norm=True):
         config=AlgorithmConfig(gamma=0.9, lam=0.95, norm_adv_by_std_in_grpo=norm),
         values=torch.zeros_like(rewards),
         reward_baselines=torch.zeros(len(rewards)),
+        **components,
     )
 
 

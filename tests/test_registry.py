@@ -68,8 +68,11 @@ def test_estimator_traits_say_what_the_fit_loop_builds():
     baselines = {
         n for n in algos.ADV_ESTIMATORS if algos.ADV_ESTIMATORS.trait(n, "needs_baselines")
     }
-    assert groups == {"grpo", "rloo", "reinforce_plus_plus_baseline"}
-    assert critic == {"gae"} and baselines == {"remax"}
+    components = {
+        n for n in algos.ADV_ESTIMATORS if algos.ADV_ESTIMATORS.trait(n, "needs_components")
+    }
+    assert groups == {"grpo", "gdpo", "rloo", "reinforce_plus_plus_baseline"}
+    assert critic == {"gae"} and baselines == {"remax"} and components == {"gdpo"}
 
 
 def test_gspo_declares_its_own_aggregation():
