@@ -127,6 +127,16 @@ def _outcome_scores(token_level_rewards: Tensor, mask: Tensor) -> Tensor:
     return (token_level_rewards * mask).sum(-1)
 
 
+def _group_normalised(scores: Tensor, valid: Tensor, groups: Tensor, by_std: bool) -> Tensor:
+    """GRPO's per-sample value [B]: ``score - group mean``, divided by ``group std + eps`` when
+    ``by_std``; 0 where the group's valid scores are all equal or the sample is invalid."""
+    stats = group_stats(scores, valid, groups)
+    centered = scores - stats.mean
+    if by_std:
+        centered = centered / (stats.std + GROUP_STD_EPS)
+    return torch.where(stats.varies, centered, torch.zeros_like(centered))
+
+
 def _require_groups(index, batch: int, device: torch.device, estimator: str) -> Tensor:
     if index is None:
         raise ValueError(f"advantage estimator {estimator!r} needs `index` (group uid per sample)")
@@ -182,11 +192,7 @@ def compute_grpo_advantage(
     mask, valid = _prepare(token_level_rewards, response_mask, valid_mask)
     groups = _require_groups(index, mask.shape[0], mask.device, "grpo")
     scores = _outcome_scores(token_level_rewards, mask)
-    stats = group_stats(scores, valid, groups)
-    centered = scores - stats.mean
-    if config.norm_adv_by_std_in_grpo:
-        centered = centered / (stats.std + GROUP_STD_EPS)
-    adv = torch.where(stats.varies, centered, torch.zeros_like(centered))[:, None] * mask
+    adv = _group_normalised(scores, valid, groups, config.norm_adv_by_std_in_grpo)[:, None] * mask
     return adv, adv
 
 
@@ -233,11 +239,8 @@ def compute_gdpo_advantage(
         )
     total = torch.zeros_like(valid, dtype=mask.dtype)
     for k in range(weights.numel()):
-        stats = group_stats(components[:, k], valid, groups)
-        centered = components[:, k] - stats.mean
-        if config.norm_adv_by_std_in_grpo:
-            centered = centered / (stats.std + GROUP_STD_EPS)
-        total += weights[k] * torch.where(stats.varies, centered, torch.zeros_like(centered))
+        norm = config.norm_adv_by_std_in_grpo
+        total += weights[k] * _group_normalised(components[:, k], valid, groups, norm)
     adv = masked_whiten(total[:, None] * mask, mask)
     return adv, adv
 
