@@ -238,8 +238,8 @@ def compute_gdpo_advantage(
             f"{tuple(components.shape)}"
         )
     total = torch.zeros_like(valid, dtype=mask.dtype)
+    norm = config.norm_adv_by_std_in_grpo
     for k in range(weights.numel()):
-        norm = config.norm_adv_by_std_in_grpo
         total += weights[k] * _group_normalised(components[:, k], valid, groups, norm)
     adv = masked_whiten(total[:, None] * mask, mask)
     return adv, adv
