@@ -13,7 +13,7 @@ import torch
 
 from mmrl.config import RolloutConfig
 from mmrl.hybrid import fsdp
-from mmrl.hybrid.worker import rollout_config
+from mmrl.hybrid.worker import COMPILE_MIN_STEPS, rollout_config
 from mmrl.models import get_family
 
 
@@ -65,7 +65,21 @@ def test_the_bf16_probe_agrees_with_the_cpu_flags():
 
 def test_the_engine_dtype_follows_the_actor_compute_dtype():
     auto = RolloutConfig()
-    assert rollout_config(auto, "bf16").dtype == "bfloat16"
-    assert rollout_config(auto, "fp32").dtype == "auto"  # the parameters' own dtype
+    assert rollout_config(auto, "bf16", 60).dtype == "bfloat16"
+    assert rollout_config(auto, "fp32", 60).dtype == "auto"  # the parameters' own dtype
     explicit = RolloutConfig(dtype="float32")
-    assert rollout_config(explicit, "bf16").dtype == "float32"
+    assert rollout_config(explicit, "bf16", 60).dtype == "float32"
+
+
+def test_the_engine_compiles_for_long_bf16_or_gpu_runs_only_unless_told():
+    auto = RolloutConfig()
+    long, short = COMPILE_MIN_STEPS, COMPILE_MIN_STEPS - 1
+    assert rollout_config(auto, "bf16", short).enforce_eager is True
+    assert rollout_config(auto, "bf16", long).enforce_eager is False
+    assert rollout_config(auto, "fp32", long).enforce_eager is True  # CPU fp32: no gain
+    assert rollout_config(auto, "fp32", long, "cuda").enforce_eager is False
+    assert rollout_config(auto, "fp32", short, "cuda").enforce_eager is True
+    for told in (True, False):
+        for steps in (1, 10 * COMPILE_MIN_STEPS):
+            cfg = RolloutConfig(enforce_eager=told)
+            assert rollout_config(cfg, "bf16", steps).enforce_eager is told

@@ -202,9 +202,11 @@ class RolloutConfig:
     """vLLM: KV cache size; null sizes it by gpu_memory_utilization."""
     gpu_memory_utilization: float = ranged(0.5, gt=0, le=1)
     """vLLM: share of device memory the engine may take."""
-    enforce_eager: bool = True
-    """vLLM: no compilation. false compiles the model: on CPU a rollout about 30% faster, for
-    17-35 s more start-up (docs/scaling.md); worth it for long runs, not for short ones."""
+    enforce_eager: bool | None = None
+    """vLLM: true runs the model eagerly; false compiles it, which made a bf16 CPU rollout about
+    30% faster for 17-35 s more start-up (docs/scaling.md). null: compiled for runs of
+    trainer.total_steps >= 200 on a GPU or with a bf16 engine, where that start-up pays back;
+    eager otherwise."""
     enable_prefix_caching: bool = True
     """vLLM: the n samples of a prompt share its prefill."""
     max_num_seqs: int = ranged(256, ge=1)

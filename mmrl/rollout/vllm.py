@@ -99,7 +99,8 @@ class VLLMRollout:
             # (a fraction of all RAM) does not fit beside training.
             kv_cache_memory_bytes=kv_bytes,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
-            enforce_eager=cfg.enforce_eager,
+            # Unresolved (an engine built outside a run): eager, the quick start.
+            enforce_eager=cfg.enforce_eager is not False,
             enable_prefix_caching=cfg.enable_prefix_caching,
             max_num_seqs=cfg.max_num_seqs,
             logprobs_mode="processed_logprobs",
