@@ -178,7 +178,9 @@ def _key_problem(key: str, value: Any) -> str | None:
         try:
             OmegaConf.merge(OmegaConf.structured(cls), {part: value})
         except OmegaConfBaseException as err:
-            return f"{key}={value!r}: {_first_line(err, with_key=False)}"
+            # OmegaConf names only bool; null is the "decide for me" value of these fields.
+            hint = "; expected true, false or null" if target == bool | None else ""
+            return f"{key}={value!r}: {_first_line(err, with_key=False)}{hint}"
     return None
 
 
