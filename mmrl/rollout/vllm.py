@@ -99,8 +99,7 @@ class VLLMRollout:
             # (a fraction of all RAM) does not fit beside training.
             kv_cache_memory_bytes=kv_bytes,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
-            # Unresolved (an engine built outside a run): eager, the quick start.
-            enforce_eager=cfg.enforce_eager is not False,
+            enforce_eager=cfg.enforce_eager is not False,  # null (built outside a run): eager
             enable_prefix_caching=cfg.enable_prefix_caching,
             max_num_seqs=cfg.max_num_seqs,
             logprobs_mode="processed_logprobs",
