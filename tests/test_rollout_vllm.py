@@ -91,7 +91,7 @@ def compiled_rollout(tiny_lm_dirs):
 
 
 def test_a_compiled_engine_takes_synced_weights(compiled_rollout):
-    """``rollout.enforce_eager=false``, what long bf16 or GPU runs get by default: the in-place
+    """``rollout.enforce_eager=false``, what runs of 200 steps or more get by default: the in-place
     sync reaches the compiled graph, so after it greedy tokens and log-probs equal the
     transformers engine's."""
     actor, tokenizer, engine = compiled_rollout

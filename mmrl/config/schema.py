@@ -203,8 +203,8 @@ class RolloutConfig:
     gpu_memory_utilization: float = ranged(0.5, gt=0, le=1)
     """vLLM: share of device memory the engine may take."""
     enforce_eager: bool | None = None
-    """vLLM: false compiles the model (a bf16 CPU rollout ~30% faster, 17-35 s more start-up;
-    docs/scaling.md), true runs it eagerly; null: compiled for bf16 or GPU runs of >= 200 steps."""
+    """vLLM: false compiles the model (CPU rollouts up to 30% faster, 17-35 s more start-up;
+    docs/scaling.md), true runs it eagerly; null: compiled for runs of >= 200 steps."""
     enable_prefix_caching: bool = True
     """vLLM: the n samples of a prompt share its prefill."""
     max_num_seqs: int = ranged(256, ge=1)

@@ -57,30 +57,24 @@ def warmup(steps: int) -> Callable[[int], float]:
     return lambda step: min(1.0, (step + 1) / steps) if steps else 1.0
 
 
-# A compiled vLLM model cost 17-35 s more start-up on CPU. In bf16 it sampled 0.15-0.5 s faster
-# per GRPO step at 10.6M-85M parameters, paying back after about 120-230 steps; in fp32 on an
-# AVX2-only CPU it gained 0-8% of the rollout inside a step, too little to pay (docs/scaling.md).
+# A compiled vLLM model costs 17-35 s more start-up on CPU. It sampled 19-30% faster in GRPO
+# steps at 10.6M and 85M in bf16 and at 85M in fp32, 0.15-1 s a step, paying back after about
+# 35-230 steps; at 10.6M in fp32 on an AVX2-only CPU the step was 5% slower (docs/scaling.md).
 COMPILE_MIN_STEPS = 200
 
 
-def rollout_config(
-    cfg: RolloutConfig, precision: str, total_steps: int, device_type: str = "cpu"
-) -> RolloutConfig:
-    """The engine settings a run of ``total_steps`` on ``device_type`` uses.
+def rollout_config(cfg: RolloutConfig, precision: str, total_steps: int) -> RolloutConfig:
+    """The engine settings a run of ``total_steps`` uses.
 
     ``rollout.dtype=auto`` is the dtype the actor computes in: bfloat16 under the bf16
     mixed-precision policy (its parameters stay fp32), else the parameters' own.
     ``rollout.enforce_eager=null`` compiles the vLLM model for runs of at least
-    :data:`COMPILE_MIN_STEPS` steps on a GPU or with a bf16/fp16 engine, and runs it eagerly
-    otherwise.
+    :data:`COMPILE_MIN_STEPS` steps and runs it eagerly for shorter ones.
     """
     if cfg.dtype == "auto" and precision == "bf16":
         cfg = dataclasses.replace(cfg, dtype="bfloat16")
     if cfg.enforce_eager is None:
-        pays = device_type == "cuda" or cfg.dtype in ("bfloat16", "float16")
-        cfg = dataclasses.replace(
-            cfg, enforce_eager=not (pays and total_steps >= COMPILE_MIN_STEPS)
-        )
+        cfg = dataclasses.replace(cfg, enforce_eager=total_steps < COMPILE_MIN_STEPS)
     return cfg
 
 
@@ -128,17 +122,14 @@ class ActorRolloutRefWorker:
             self.world_size,
             "actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n",
         )
-        engine_cfg = rollout_config(
-            arr.rollout, self.precision, cfg.trainer.total_steps, self.device.type
-        )
+        engine_cfg = rollout_config(arr.rollout, self.precision, cfg.trainer.total_steps)
         if self.rank == 0 and arr.rollout.name == "vllm" and arr.rollout.enforce_eager is None:
             log.info(
                 "the vLLM engine runs %s (rollout.enforce_eager=null: compiled for runs of %d "
-                "steps or more on a GPU or in bf16; this run: %d steps, %s)",
+                "steps or more; this run has %d)",
                 "eagerly" if engine_cfg.enforce_eager else "compiled",
                 COMPILE_MIN_STEPS,
                 cfg.trainer.total_steps,
-                engine_cfg.dtype,
             )
         self.rollout = get_rollout(arr.rollout.name)(
             model=self.model,
