@@ -139,12 +139,8 @@ def test_wrong_types_name_the_key():
 def test_an_optional_bool_names_null_as_the_automatic_choice():
     with pytest.raises(ConfigError, match=r"enforce_eager='auto'.*expected true, false or null"):
         load_config(["actor_rollout_ref.rollout.enforce_eager=auto"])
-    assert (
-        load_config(
-            ["actor_rollout_ref.rollout.enforce_eager=null"]
-        ).actor_rollout_ref.rollout.enforce_eager
-        is None
-    )
+    cfg = load_config(["actor_rollout_ref.rollout.enforce_eager=null"])
+    assert cfg.actor_rollout_ref.rollout.enforce_eager is None
 
 
 def test_the_old_policy_loss_spelling_names_the_new_key():

@@ -91,9 +91,9 @@ def compiled_rollout(tiny_lm_dirs):
 
 
 def test_a_compiled_engine_takes_synced_weights(compiled_rollout):
-    """``rollout.enforce_eager=false``, what runs of 200 steps or more get by default: the in-place
-    sync reaches the compiled graph, so after it greedy tokens and log-probs equal the
-    transformers engine's."""
+    """``rollout.enforce_eager=false``, what runs of 200 steps or more get by default: the
+    in-place sync reaches the compiled graph, so after it greedy tokens and log-probs equal
+    the transformers engine's."""
     actor, tokenizer, engine = compiled_rollout
     prompts, greedy = encode(tokenizer), SamplingParams(max_tokens=12, do_sample=False)
     reinit(actor, seed=11)
