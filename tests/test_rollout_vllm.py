@@ -43,16 +43,38 @@ def reinit(model: torch.nn.Module, seed: int) -> None:
         p.copy_(0.2 * torch.randn(p.shape, generator=gen) + (1.0 if "norm" in name else 0.0))
 
 
+@pytest.fixture(scope="module")
+def compiled_rollout(tiny_lm_dirs):
+    """``(actor, tokenizer, engine)``: a compiled fp32 engine (``enforce_eager=false``, what
+    runs of 200 steps or more get by default) of the tied tiny model, beside an actor of its
+    own. Module-scoped because shutting a vLLM engine down mid-module tears down the parallel
+    state that the session's engines share."""
+    from mmrl.rollout.vllm import VLLMRollout
+
+    path = tiny_lm_dirs["tied"]
+    actor = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    cfg = RolloutConfig(
+        name="vllm", dtype="float32", kv_cache_memory_gib=0.0625, enforce_eager=False
+    )
+    return actor, tokenizer, VLLMRollout(actor, TEXT_LM, tokenizer, str(path), cfg, 64)
+
+
 @pytest.mark.parametrize(
-    ("kind", "source"), [("untied", "module"), ("tied", "module"), ("tied", "state_dict")]
+    ("kind", "source"),
+    [("untied", "module"), ("tied", "module"), ("tied", "state_dict"), ("compiled", "module")],
 )
-def test_sync_matches_transformers(vllm_rollouts, kind, source):
+def test_sync_matches_transformers(request, vllm_rollouts, kind, source):
     """After an in-place sync, greedy tokens and log-probs equal the transformers engine's.
 
     ``module`` streams ``named_parameters()``, where a tied model has no
     ``lm_head.weight``: the path on which vLLM's tied lm_head used to stay stale.
+    ``compiled``: the sync reaches a compiled graph too.
     """
-    actor, tokenizer, engine = vllm_rollouts[kind]
+    if kind == "compiled":
+        actor, tokenizer, engine = request.getfixturevalue("compiled_rollout")
+    else:
+        actor, tokenizer, engine = vllm_rollouts[kind]
     prompts, greedy = encode(tokenizer), SamplingParams(max_tokens=12, do_sample=False)
     reinit(actor, seed=len(kind) + len(source))
     expected = ModuleRollout(actor, TEXT_LM, tokenizer).generate(prompts, greedy)
@@ -72,40 +94,6 @@ def test_sync_matches_transformers(vllm_rollouts, kind, source):
     assert torch.equal(got["position_ids"], expected["position_ids"])
     assert got.meta["rollout_tokens"] == int(got["response_mask"].sum())
     assert got.meta["rollout_time_s"] > 0
-
-
-@pytest.fixture(scope="module")
-def compiled_rollout(tiny_lm_dirs):
-    """``(actor, tokenizer, engine)``: a compiled fp32 engine (``enforce_eager=false``) of the
-    tied tiny model, beside an actor of its own. Module-scoped because shutting a vLLM engine
-    down mid-module tears down the parallel state that the session's engines share."""
-    from mmrl.rollout.vllm import VLLMRollout
-
-    path = tiny_lm_dirs["tied"]
-    actor = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    cfg = RolloutConfig(
-        name="vllm", dtype="float32", kv_cache_memory_gib=0.0625, enforce_eager=False
-    )
-    return actor, tokenizer, VLLMRollout(actor, TEXT_LM, tokenizer, str(path), cfg, 64)
-
-
-def test_a_compiled_engine_takes_synced_weights(compiled_rollout):
-    """``rollout.enforce_eager=false``, what runs of 200 steps or more get by default: the
-    in-place sync reaches the compiled graph, so after it greedy tokens and log-probs equal
-    the transformers engine's."""
-    actor, tokenizer, engine = compiled_rollout
-    prompts, greedy = encode(tokenizer), SamplingParams(max_tokens=12, do_sample=False)
-    reinit(actor, seed=11)
-    expected = ModuleRollout(actor, TEXT_LM, tokenizer).generate(prompts, greedy)
-    assert not torch.equal(engine.generate(prompts, greedy)["responses"], expected["responses"])
-
-    engine.sync_weights(actor)
-    got = engine.generate(prompts, greedy)
-    assert torch.equal(got["responses"], expected["responses"])
-    torch.testing.assert_close(
-        got["rollout_log_probs"], expected["rollout_log_probs"], atol=LOGPROB_ATOL, rtol=0
-    )
 
 
 def test_constraints_match_transformers(vllm_rollouts):
